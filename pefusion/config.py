@@ -1,0 +1,262 @@
+"""Typed configuration for the PE-fusion study, validated once at the edge.
+
+Three dataclasses with disjoint field names, so that a flat search-space dict maps onto them key by key:
+
+- `ModelConfig`  — what `build_model` needs (architecture, PE type, fusion operator).
+- `TrainConfig`  — optimiser, budget, early stopping, latency timing, seed, device.
+- `DataConfig`   — where documents come from and how they are tokenised (shipped once per sweep).
+
+Incompatible choices are rejected in `__post_init__` with a `ConfigError` whose one-line message names the
+fix (x-transformers style). Command lines turn a `ConfigError` into one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+# ---------------------------------------------------------------------------------------------------------
+# Names
+# ---------------------------------------------------------------------------------------------------------
+
+# The paper's four input-fused PEs, the order-blind ablation, and two attention-level schemes beyond the paper.
+PAPER_PE_TYPES = ("sinusoidal", "learned", "rope", "relative")
+PE_TYPES = PAPER_PE_TYPES + ("none", "rotary", "alibi")
+# PEs that act inside attention (on q/k or the logits) and so have nothing to fuse at the input.
+ATTENTION_PE_TYPES = ("rotary", "alibi")
+
+PAPER_FUSIONS = ("add", "mul", "concat", "gate_scalar", "mlp")  # released in the paper's code
+FUSIONS = ("add", "mul", "concat", "gate_scalar", "gate_vector", "gate_cnn", "mlp", "mlp_gate", "none")
+
+ACTIVATIONS = ("relu", "gelu")
+OPTIMIZERS = ("adam", "adamw")
+PRECISIONS = ("fp32", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A user-caused configuration problem. Its message is one line that names the key and the fix."""
+
+
+def _choice(key: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok or (isinstance(value, float) and not math.isfinite(value)):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{key}={value!r} is out of range; it must be {bound}")
+
+
+def check_pe_fusion(pe_type: str, fusion: str) -> None:
+    """Reject PE × fusion pairs that make no sense, naming the fix."""
+    _choice("pe_type", pe_type, PE_TYPES)
+    _choice("fusion", fusion, FUSIONS)
+    if pe_type in ATTENTION_PE_TYPES and fusion != "none":
+        raise ConfigError(
+            f"pe_type={pe_type!r} acts inside attention and has nothing to fuse at the input: "
+            f"use fusion='none' (got fusion={fusion!r})"
+        )
+    if fusion == "none" and pe_type not in ATTENTION_PE_TYPES + ("none",):
+        raise ConfigError(
+            f"fusion='none' would discard pe_type={pe_type!r}: pick an input fusion (e.g. 'add'), "
+            f"or use pe_type in {ATTENTION_PE_TYPES + ('none',)}"
+        )
+    if pe_type == "none" and fusion == "mul":
+        raise ConfigError("pe_type='none' gives P=0, so fusion='mul' would zero every embedding: use 'add' or 'none'")
+
+
+def allowed_pairs() -> list[tuple[str, str]]:
+    """Every (pe_type, fusion) pair that `check_pe_fusion` accepts."""
+    pairs = []
+    for pe in PE_TYPES:
+        for fu in FUSIONS:
+            try:
+                check_pe_fusion(pe, fu)
+            except ConfigError:
+                continue
+            pairs.append((pe, fu))
+    return pairs
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of the PE-fusion classifier. Defaults are the paper's ArXiv model."""
+
+    d_model: int = 128
+    nhead: int = 8
+    num_layers: int = 2
+    dim_ff: int = 256
+    dropout: float = 0.1
+    pe_type: str = "sinusoidal"
+    fusion: str = "add"
+    max_len: int = 4096
+    norm_first: bool = False  # False = post-LN, as nn.TransformerEncoderLayer's default and the paper
+    activation: str = "relu"
+    gate_kernel: int = 5  # odd Conv1d kernel of gate_cnn
+
+    def __post_init__(self) -> None:
+        check_pe_fusion(self.pe_type, self.fusion)
+        for key in ("d_model", "nhead", "num_layers", "dim_ff", "max_len", "gate_kernel"):
+            _positive(key, getattr(self, key))
+        if self.d_model % self.nhead:
+            raise ConfigError(f"d_model={self.d_model} must be divisible by nhead={self.nhead}")
+        if self.d_model % 2:
+            raise ConfigError(f"d_model={self.d_model} must be even (sin/cos feature pairs)")
+        if self.pe_type == "rotary" and (self.d_model // self.nhead) % 2:
+            raise ConfigError(f"pe_type='rotary' needs an even head dimension; d_model/nhead = {self.d_model // self.nhead}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout={self.dropout} is out of range; it must be in [0, 1)")
+        if self.gate_kernel % 2 == 0:
+            raise ConfigError(f"gate_kernel={self.gate_kernel} must be odd so that 'same' padding is symmetric")
+        _choice("activation", self.activation, ACTIVATIONS)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and evaluation protocol. Defaults are the paper's ArXiv protocol."""
+
+    lr: float = 3e-4
+    batch_size: int = 64
+    max_epochs: int = 20
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
+    grad_clip: float = 0.0  # 0 = no clipping
+    early_stopping: bool = True
+    patience: int = 4
+    min_delta: float = 1e-4
+    seed: int = 0
+    timing_repeats: int = 10
+    timing_warmup: int = 5
+    precision: str = "fp32"  # bf16 autocast, CUDA only
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        _positive("lr", self.lr)
+        for key in ("batch_size", "max_epochs", "patience", "timing_repeats"):
+            _positive(key, getattr(self, key))
+        for key in ("weight_decay", "grad_clip", "min_delta", "timing_warmup", "seed"):
+            _positive(key, getattr(self, key), allow_zero=True)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("device", self.device, DEVICES)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------
+
+DEFAULT_DATASET = "ccdv/arxiv-classification"
+DEFAULT_LENGTH_EDGES = (512, 1024, 2048, 4096)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where documents come from and how they become token ids.
+
+    Exactly one source is used, in this order: `synthetic=True`, else `data_dir` (local train/validation/test
+    files), else the Hugging Face dataset `dataset` (with `dataset_config`, e.g. ArXiv's `no_ref`).
+    """
+
+    dataset: str = DEFAULT_DATASET
+    dataset_config: str | None = "no_ref"
+    data_dir: str | None = None
+    synthetic: bool = False
+    text_column: str = "text"
+    label_column: str = "label"
+    max_len: int = 4096  # tokens kept per document (truncation); the cache key includes it
+    min_freq: int = 2
+    max_vocab: int = 50_000
+    length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES
+    cache_dir: str | None = None  # default: $PEFUSION_CACHE or ~/.cache/pefusion
+    # synthetic corpus size and seed (ignored for the other sources)
+    synthetic_train: int = 2000
+    synthetic_val: int = 500
+    synthetic_test: int = 500
+    synthetic_seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("max_len", "min_freq", "max_vocab", "synthetic_train", "synthetic_val", "synthetic_test"):
+            _positive(key, getattr(self, key))
+        edges = tuple(int(e) for e in self.length_edges)
+        if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] <= 0:
+            raise ConfigError(f"length_edges={self.length_edges!r} must be positive and strictly increasing")
+        object.__setattr__(self, "length_edges", edges)
+
+    @property
+    def source_name(self) -> str:
+        """Short dataset name recorded with every trial (the `dataset` param)."""
+        if self.synthetic:
+            return "synthetic"
+        if self.data_dir:
+            return self.data_dir.rstrip("/").split("/")[-1] or self.data_dir
+        return self.dataset
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Presets and the flat view used by search spaces
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Preset:
+    model: ModelConfig
+    train: TrainConfig
+    data: DataConfig
+    description: str = ""
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+# Keys a search space or a trial config may set, i.e. the model and training hyperparameters.
+TRIAL_KEYS = field_names(ModelConfig) + field_names(TrainConfig)
+
+
+def split_trial_config(flat: Mapping[str, Any], base: Preset) -> tuple[ModelConfig, TrainConfig]:
+    """Overlay a flat {key: value} trial config on a preset; unknown keys are a ConfigError."""
+    unknown = sorted(set(flat) - set(TRIAL_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r}; allowed keys: {', '.join(TRIAL_KEYS)}")
+    model_keys, train_keys = set(field_names(ModelConfig)), set(field_names(TrainConfig))
+    model = dataclasses.replace(base.model, **{k: v for k, v in flat.items() if k in model_keys})
+    train = dataclasses.replace(base.train, **{k: v for k, v in flat.items() if k in train_keys})
+    return model, train
+
+
+def flat_config(model: ModelConfig, train: TrainConfig) -> dict[str, Any]:
+    """The inverse of `split_trial_config`: one flat dict (what MLflow records as params)."""
+    return {**dataclasses.asdict(model), **dataclasses.asdict(train)}
+
+
+PRESETS: dict[str, Preset] = {
+    "arxiv": Preset(
+        description="The paper's ArXiv-11 setting (ccdv/arxiv-classification, 11 classes, max_len 4096).",
+        model=ModelConfig(d_model=128, nhead=8, num_layers=2, dim_ff=256, dropout=0.1, max_len=4096),
+        train=TrainConfig(lr=3e-4, batch_size=64, max_epochs=20, optimizer="adam", early_stopping=True,
+                          patience=4, min_delta=1e-4),
+        data=DataConfig(max_len=4096),
+    ),
+    "agnews_imdb": Preset(
+        description="The paper's AG News / IMDB setting (d=256, 4 layers, GELU, AdamW, clipping, no early stop).",
+        model=ModelConfig(d_model=256, nhead=8, num_layers=4, dim_ff=1024, dropout=0.1, max_len=512,
+                          activation="gelu"),
+        train=TrainConfig(lr=3e-4, batch_size=64, max_epochs=20, optimizer="adamw", weight_decay=0.0,
+                          grad_clip=1.0, early_stopping=False),
+        data=DataConfig(dataset="ag_news", dataset_config=None, max_len=512),
+    ),
+}

@@ -1,0 +1,92 @@
+"""What a trial records: the metric, param and tag names shared by trainables, MLflow tracking and analysis.
+
+Everything that writes or reads a run uses these constants, so a rename happens in one place. Runs written by
+other tools with the same names are analysed like ours.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+# --- the optimised metric: one name for the whole project (ASHA, Optuna, best-trial selection) ----------
+OPTIMISED_METRIC = "val_acc"
+OPTIMISED_MODE = "max"
+
+# --- identity of a PE-fusion trial (MLflow params) ------------------------------------------------------
+DATASET = "dataset"
+PE_TYPE = "pe_type"
+FUSION = "fusion"
+SEED = "seed"
+
+# --- per-epoch metrics (MLflow step = epoch, 1-based) -------------------------------------------------------
+EPOCH = "epoch"
+TRAIN_LOSS = "train_loss"
+VAL_LOSS = "val_loss"
+VAL_ACC = "val_acc"
+EPOCH_METRICS = (TRAIN_LOSS, VAL_LOSS, VAL_ACC)
+
+# --- final metrics of a PE-fusion trial (SPEC §3) -----------------------------------------------------------
+PARAMS = "params"
+BEST_VAL_ACC = "best_val_acc"
+BEST_EPOCH = "best_epoch"
+TEST_ACC = "test_acc"
+TEST_MACRO_F1 = "test_macro_f1"
+LAT_MS_MEAN = "lat_ms_mean"
+LAT_MS_STD = "lat_ms_std"
+TRAIN_TIME_S = "train_time_s"
+EPOCHS_RUN = "epochs_run"
+FINAL_METRICS = (PARAMS, BEST_VAL_ACC, BEST_EPOCH, VAL_ACC, TEST_ACC, TEST_MACRO_F1, LAT_MS_MEAN, LAT_MS_STD,
+                 TRAIN_TIME_S, EPOCHS_RUN)
+LENGTH_METRIC_PREFIX = "test_acc_len_"
+LENGTH_COUNT_PREFIX = "test_n_len_"  # documents per length bucket, so empty buckets are visible
+
+# --- outcome of a trial ---------------------------------------------------------------------------------------
+STATUS = "status"  # a key of the final record and an MLflow tag
+STATUS_OK = "ok"
+STATUS_DIVERGED = "diverged"  # non-finite loss: stopped, recorded, never dropped
+STATUS_ERROR = "error"  # the trial raised
+STATUS_STOPPED = "stopped"  # stopped early by the scheduler (ASHA): complete, but no test metrics
+SUCCESS_STATUSES = (STATUS_OK, STATUS_STOPPED)  # MLflow FINISHED; the others are FAILED
+ERROR = "error"  # the reason, in the record, the CSV and the MLflow tag
+
+# --- MLflow tags ----------------------------------------------------------------------------------------------
+TAG_PARENT = "mlflow.parentRunId"
+TAG_GIT_COMMIT = "mlflow.source.git.commit"
+TAG_STATUS = "pefusion.status"
+TAG_ERROR = "pefusion.error"
+TAG_TRIAL_ID = "pefusion.trial_id"
+TAG_SWEEP = "pefusion.sweep"  # which sweep script made the run (on parent and children)
+TAG_COMMAND = "pefusion.command"
+TAG_SEARCH_SPACE = "pefusion.search_space"
+TAG_RAY_ADDRESS = "pefusion.ray_address"
+TAG_STORAGE = "pefusion.storage_path"
+TAG_ROLE = "pefusion.role"  # "sweep" on parent runs, "trial" on child runs
+
+# --- MLflow artifact paths ------------------------------------------------------------------------------------
+ARTIFACT_CHECKPOINT_DIR = "checkpoint"  # model.pt (state_dict) + model_config.json
+ARTIFACT_LENGTH_BUCKETS = "length_buckets.json"
+ARTIFACT_RESULTS_DIR = "results"  # on parent runs: CSVs, figures, report
+
+# --- student study (SPEC §4–5) ----------------------------------------------------------------------------
+ALPHA = "alpha"
+OMEGA = "omega"
+SIGMA = "sigma"
+INIT = "init"
+LAMBDA = "lam"
+D = "d"
+EPS_G = "eps_g"
+EPS_T = "eps_t"
+M = "m"
+THETA = "theta"
+EPS_LIN = "eps_lin"
+LAMBDA_STAR = "lam_star"
+CV_CURVE_ARTIFACT = "cv_curve.csv"
+
+
+def length_bucket_labels(edges: Sequence[int]) -> list[str]:
+    """Labels of the length buckets: edges (512, 1024) -> ['le512', 'le1024', 'gt1024']."""
+    return [f"le{e}" for e in edges] + [f"gt{edges[-1]}"]
+
+
+def length_metric(label: str) -> str:
+    """MLflow metric name of the test accuracy in one length bucket, e.g. 'test_acc_len_le512'."""
+    return LENGTH_METRIC_PREFIX + label
