@@ -1,0 +1,378 @@
+"""Search-space files: a small YAML schema, validated before Ray starts, converted to Ray Tune objects.
+
+A file maps each key to one dimension::
+
+    pe_type: {grid: [sinusoidal, learned]}     # every value, crossed with the other grids
+    batch_size: {choice: [16, 32, 64]}         # sampled
+    lr: {loguniform: [1e-4, 1e-2]}             # low, high (also: uniform)
+    gate_kernel: {randint: [3, 8]}             # low inclusive, high exclusive, like tune.randint
+    dropout: 0.1                               # a plain value is a constant
+
+Each key is checked against a `KeyRule` (type, allowed names, numeric range). Every problem raises a
+`SearchSpaceError` whose message is one line naming the file, the key and what is allowed; command lines turn
+it into exit code 2 like any `ConfigError`.
+"""
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence, Union
+
+import yaml
+
+from pefusion import record
+from pefusion.config import (ACTIVATIONS, DEVICES, FUSIONS, OPTIMIZERS, PE_TYPES, PRECISIONS, ConfigError,
+                             ModelConfig, TrainConfig, check_pe_fusion)
+
+
+class SearchSpaceError(ConfigError):
+    """A bad search space; the message is one line naming the file, the key and the allowed values."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dimensions
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grid:
+    values: tuple  # every value is run (tune.grid_search)
+
+
+@dataclass(frozen=True)
+class Choice:
+    values: tuple  # one value sampled per trial (tune.choice)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class LogUniform:
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class RandInt:
+    lo: int
+    hi: int  # exclusive, as tune.randint: randint [1, 4] samples 1, 2 or 3
+
+
+@dataclass(frozen=True)
+class Constant:
+    value: Any
+
+
+Dimension = Union[Grid, Choice, Uniform, LogUniform, RandInt, Constant]
+_DIMENSION_TYPES = (Grid, Choice, Uniform, LogUniform, RandInt, Constant)
+_KINDS = {"grid": Grid, "choice": Choice, "uniform": Uniform, "loguniform": LogUniform, "randint": RandInt}
+_KIND_NAMES = ", ".join(_KINDS) + " (or a plain value for a constant)"
+
+# ---------------------------------------------------------------------------------------------------------
+# Rules
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyRule:
+    """What one key accepts: a type (int, float, bool or str), optional allowed values and a numeric range."""
+
+    kind: type
+    choices: tuple = ()
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    note: str = ""  # appended to the message of a rejected value, e.g. why only L=2 exists
+
+    def allowed(self) -> str:
+        if self.choices:
+            text = "choose from " + ", ".join(map(str, self.choices))
+        elif self.lo is not None and self.hi is not None:
+            text = f"allowed: {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        elif self.lo is not None:
+            text = f"allowed: {'>' if self.lo_open else '>='} {self.lo:g}"
+        else:
+            text = f"allowed: {_TYPE_NAMES[self.kind]}"
+        return f"{text} ({self.note})" if self.note else text
+
+    def in_range(self, x: float) -> bool:
+        lo_ok = self.lo is None or (x > self.lo if self.lo_open else x >= self.lo)
+        hi_ok = self.hi is None or (x < self.hi if self.hi_open else x <= self.hi)
+        return lo_ok and hi_ok
+
+
+_POSITIVE = dict(lo=0, lo_open=True)
+_NONNEG = dict(lo=0)
+_UNIT = dict(lo=0, hi=1)
+
+# The PE-fusion study: every ModelConfig/TrainConfig field, typed by its default. Ranges mirror config.py's
+# checks; int fields not listed must be positive (config.py's default), the others are named here.
+_PEFUSION_CHOICES = {record.PE_TYPE: PE_TYPES, record.FUSION: FUSIONS, "activation": ACTIVATIONS,
+                     "optimizer": OPTIMIZERS, "precision": PRECISIONS, "device": DEVICES}
+_PEFUSION_RANGES = {"lr": _POSITIVE, "dropout": dict(lo=0, hi=1, hi_open=True), "weight_decay": _NONNEG,
+                    "grad_clip": _NONNEG, "min_delta": _NONNEG, "timing_warmup": _NONNEG, record.SEED: _NONNEG}
+
+
+def _pefusion_rule(name: str, default: Any) -> KeyRule:
+    kind = type(default)
+    if name in _PEFUSION_CHOICES:
+        return KeyRule(kind, choices=_PEFUSION_CHOICES[name])
+    if kind in (int, float):
+        return KeyRule(kind, **_PEFUSION_RANGES.get(name, _POSITIVE))
+    return KeyRule(kind)
+
+
+PEFUSION_RULES: dict[str, KeyRule] = {
+    f.name: _pefusion_rule(f.name, f.default) for cls in (ModelConfig, TrainConfig) for f in fields(cls)
+}
+
+# The student attention study (SPEC §4–5). Names are record.py's param names where one exists.
+STUDENT_RULES: dict[str, KeyRule] = {
+    record.ALPHA: KeyRule(float, **_POSITIVE),  # alpha = n/d
+    record.OMEGA: KeyRule(float, **_UNIT),  # weight of the positional part of the teacher
+    record.SIGMA: KeyRule(float, **_POSITIVE),  # token standard deviation
+    record.INIT: KeyRule(str, choices=("semantic", "positional", "random")),
+    record.SEED: KeyRule(int, **_NONNEG),  # data seed (teacher Q*, samples)
+    record.LAMBDA: KeyRule(float, **_NONNEG),  # a fixed weight decay (no cross-validation)
+    record.D: KeyRule(int, lo=2),
+    "L": KeyRule(int, choices=(2,), note="the model has two tokens: A is 2x2 and p = +-1/sqrt(d)"),
+    "r": KeyRule(int, lo=1),  # rank of Q
+    "teacher_A": KeyRule(str, choices=("default", "alt")),  # [[.6,.4],[.4,.6]] or [[.3,.7],[.8,.2]]
+    "optim": KeyRule(str, choices=("gd", "adam")),
+    "iters": KeyRule(int, lo=1),
+    "lr": KeyRule(float, **_POSITIVE),
+    "n_test": KeyRule(int, lo=1),
+    "folds": KeyRule(int, lo=2),
+    "lam_grid_min": KeyRule(float, **_POSITIVE),  # log-spaced lambda grid of the cross-validation
+    "lam_grid_max": KeyRule(float, **_POSITIVE),
+    "lam_grid_n": KeyRule(int, lo=1),
+}
+
+# ---------------------------------------------------------------------------------------------------------
+# Parsing and validation
+# ---------------------------------------------------------------------------------------------------------
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    if kind in (int, float) and isinstance(value, bool):  # bool is an int subclass, never a number here
+        return False
+    if kind is float:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, kind)
+
+
+def _coerce(where: str, value: Any, rule: KeyRule, *, check_range: bool = True) -> Any:
+    """One value of a key, converted to the rule's type and checked; `where` is 'file: key'."""
+    if rule.kind in (int, float) and isinstance(value, str):
+        try:  # PyYAML reads 1e-4 (no dot) as a string, and command-line values are strings
+            value = float(value)
+        except ValueError:
+            pass
+    if rule.kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not _is_kind(value, rule.kind):
+        raise SearchSpaceError(f"{where}: {value!r} is not {_TYPE_NAMES[rule.kind]}; {rule.allowed()}")
+    value = rule.kind(value)
+    if rule.choices and value not in rule.choices:
+        hint = difflib.get_close_matches(str(value), list(map(str, rule.choices)), n=1)
+        did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise SearchSpaceError(f"{where}: {value!r} is not allowed{did_you_mean}; {rule.allowed()}")
+    if check_range and rule.kind in (int, float) and not rule.in_range(value):
+        raise SearchSpaceError(f"{where}: {value!r} is out of range; {rule.allowed()}")
+    return value
+
+
+def _check_dimension(source: str, key: str, dim: Dimension, rule: KeyRule) -> Dimension:
+    """The dimension with its values coerced to the rule's type, or a SearchSpaceError."""
+    where = f"{source}: {key}"
+    if isinstance(dim, Constant):
+        return Constant(_coerce(where, dim.value, rule))
+    name = next(k for k, cls in _KINDS.items() if isinstance(dim, cls))
+    if isinstance(dim, (Grid, Choice)):
+        if not dim.values:
+            raise SearchSpaceError(f"{where}: {name} is empty; list at least one value ({rule.allowed()})")
+        values = tuple(_coerce(where, v, rule) for v in dim.values)
+        if len(set(values)) < len(values):
+            raise SearchSpaceError(f"{where}: {name} {list(values)} repeats a value; list each value once")
+        return type(dim)(values)
+    # uniform / loguniform / randint
+    wanted = int if isinstance(dim, RandInt) else float
+    if rule.kind is not wanted or rule.choices:
+        use = "grid or choice" if rule.choices or rule.kind in (str, bool) else (
+            "randint" if rule.kind is int else "uniform or loguniform")
+        samples = "integers" if wanted is int else "real numbers"
+        raise SearchSpaceError(f"{where}: {name} samples {samples} but {key} takes {_TYPE_NAMES[rule.kind]}; "
+                               f"use {use}")
+    lo, hi = (_coerce(where, v, rule, check_range=False) for v in (dim.lo, dim.hi))
+    if isinstance(dim, LogUniform) and not 0 < lo < hi:
+        raise SearchSpaceError(f"{where}: loguniform needs 0 < low < high, got [{lo}, {hi}]")
+    if not lo < hi:
+        exclusive = " (high is exclusive)" if wanted is int else ""
+        raise SearchSpaceError(f"{where}: {name} needs low < high{exclusive}, got [{lo}, {hi}]")
+    largest = hi - 1 if wanted is int else hi
+    for v in (lo, largest):
+        if not rule.in_range(v):
+            raise SearchSpaceError(f"{where}: {name} [{lo}, {hi}] reaches {v!r}, out of range; {rule.allowed()}")
+    return type(dim)(lo, hi)
+
+
+def _to_dimension(where: str, raw: Any) -> Dimension:
+    """The YAML shape of one entry -> an unchecked Dimension."""
+    if isinstance(raw, list):
+        raise SearchSpaceError(f"{where}: a bare list is ambiguous; write {{grid: [...]}} or {{choice: [...]}}")
+    if not isinstance(raw, dict):
+        return Constant(raw)
+    if len(raw) != 1 or next(iter(raw)) not in _KINDS:
+        raise SearchSpaceError(f"{where}: unknown dimension {list(raw)}; use exactly one of {_KIND_NAMES}")
+    kind, arg = next(iter(raw.items()))
+    if kind in ("grid", "choice"):
+        if not isinstance(arg, list):
+            raise SearchSpaceError(f"{where}: {kind} needs a list of values, got {arg!r}")
+        return _KINDS[kind](tuple(arg))
+    if not (isinstance(arg, list) and len(arg) == 2):
+        raise SearchSpaceError(f"{where}: {kind} needs [low, high], got {arg!r}")
+    return _KINDS[kind](*arg)
+
+
+@dataclass(frozen=True)
+class SearchSpace(Mapping):
+    """An ordered, validated mapping key -> Dimension, with the rules and source it was checked against."""
+
+    dims: Mapping[str, Dimension]
+    rules: Mapping[str, KeyRule]
+    source: str = "search space"
+
+    def __getitem__(self, key: str) -> Dimension:
+        return self.dims[key]
+
+    def __iter__(self):
+        return iter(self.dims)
+
+    def __len__(self) -> int:
+        return len(self.dims)
+
+    def override(self, key: str, dim: Dimension) -> SearchSpace:
+        """A copy with `key` replaced (or added), validated like a file entry."""
+        return parse_search_space({**self.dims, key: dim}, self.rules, self.source)
+
+    def override_values(self, key: str, values: str | Sequence) -> SearchSpace:
+        """Replace `key` from a command line, e.g. ('pe_type', 'sinusoidal,rope'): keeps a Choice a Choice,
+        anything else becomes a Grid."""
+        items = tuple(v.strip() for v in values.split(",")) if isinstance(values, str) else tuple(values)
+        return self.override(key, (Choice if isinstance(self.dims.get(key), Choice) else Grid)(items))
+
+
+def parse_search_space(mapping: Mapping[str, Any], allowed: Mapping[str, KeyRule],
+                       source: str = "search space") -> SearchSpace:
+    """Validate a {key: YAML entry or Dimension} mapping against `allowed` rules."""
+    if not isinstance(mapping, Mapping):
+        raise SearchSpaceError(f"{source}: a search space is a mapping of key: dimension, "
+                               f"got {type(mapping).__name__}")
+    dims = {}
+    for key, raw in mapping.items():
+        if key not in allowed:
+            hint = difflib.get_close_matches(str(key), allowed, n=1)
+            did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise SearchSpaceError(f"{source}: unknown key {key!r}{did_you_mean}; allowed: {', '.join(allowed)}")
+        dim = raw if isinstance(raw, _DIMENSION_TYPES) else _to_dimension(f"{source}: {key}", raw)
+        dims[key] = _check_dimension(source, key, dim, allowed[key])
+    space = SearchSpace(dims, allowed, source)
+    if record.PE_TYPE in allowed and record.FUSION in allowed:
+        check_pe_fusion_pairs(space)
+    return space
+
+
+def load_search_space(path: str | Path, allowed: Mapping[str, KeyRule]) -> SearchSpace:
+    """Read and validate a YAML search-space file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise SearchSpaceError(f"{source}: cannot read the search-space file ({e.strerror})") from None
+    try:
+        mapping = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or " ".join(str(e).split())
+        raise SearchSpaceError(f"{source}: malformed YAML{at}: {problem}") from None
+    return parse_search_space({} if mapping is None else mapping, allowed, source)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Queries used by the sweep drivers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _candidates(dim: Dimension | None, default: Any) -> tuple:
+    if isinstance(dim, (Grid, Choice)):
+        return dim.values
+    return (dim.value,) if isinstance(dim, Constant) else (default,)
+
+
+def pe_fusion_pairs(space: SearchSpace, base: ModelConfig | None = None) -> list[tuple[str, str]]:
+    """Every (pe_type, fusion) pair the space can produce; a key it does not set takes `base`'s value
+    (default: ModelConfig(), which every preset shares)."""
+    base = base or ModelConfig()
+    pes = _candidates(space.dims.get(record.PE_TYPE), base.pe_type)
+    fusions = _candidates(space.dims.get(record.FUSION), base.fusion)
+    return list(itertools.product(pes, fusions))
+
+
+def check_pe_fusion_pairs(space: SearchSpace, base: ModelConfig | None = None) -> None:
+    """Reject a space that can produce a pair `check_pe_fusion` refuses, naming the pair and the fix."""
+    for pe, fusion in pe_fusion_pairs(space, base):
+        try:
+            check_pe_fusion(pe, fusion)
+        except ConfigError as e:
+            raise SearchSpaceError(f"{space.source}: pe_type x fusion: the pair ({pe}, {fusion}) is not allowed: "
+                                   f"{e}; keep incompatible pairs in separate search spaces") from None
+
+
+def has_grid(space: SearchSpace) -> bool:
+    return any(isinstance(d, Grid) for d in space.values())
+
+
+def grid_size(space: SearchSpace) -> int:
+    """Trials per sample: the product of the grid lengths (1 without grids)."""
+    return math.prod(len(d.values) for d in space.values() if isinstance(d, Grid))
+
+
+def require_no_grid(space: SearchSpace, reason: str) -> None:
+    """Reject grids where a searcher must sample, e.g. reason='with Optuna (it samples every key)'."""
+    for key, dim in space.items():
+        if isinstance(dim, Grid):
+            raise SearchSpaceError(f"{space.source}: {key}: grid cannot be used {reason}; "
+                                   f"write {key}: {{choice: {list(dim.values)}}} instead")
+
+
+def to_tune(space: SearchSpace) -> dict[str, Any]:
+    """The Ray Tune param_space: grid_search / choice / uniform / loguniform / randint, constants as-is."""
+    from ray import tune  # lazy: validating a file must not import Ray
+
+    def convert(dim: Dimension) -> Any:
+        if isinstance(dim, Grid):
+            return tune.grid_search(list(dim.values))
+        if isinstance(dim, Choice):
+            return tune.choice(list(dim.values))
+        if isinstance(dim, Uniform):
+            return tune.uniform(dim.lo, dim.hi)
+        if isinstance(dim, LogUniform):
+            return tune.loguniform(dim.lo, dim.hi)
+        if isinstance(dim, RandInt):
+            return tune.randint(dim.lo, dim.hi)
+        return dim.value
+
+    return {key: convert(dim) for key, dim in space.items()}
+
