@@ -1,0 +1,142 @@
+"""Command-line plumbing shared by `sweeps/` and `scripts/`: common flags, preset resolution, one-line errors.
+
+Every user-caused problem (bad flag value, bad search-space file, missing data, unreachable tracking server)
+surfaces as a `ConfigError` and ends here as one line on stderr with exit code 2, before Ray starts.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from pefusion.config import PRESETS, ConfigError, DataConfig, Preset
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SEARCH_SPACES = REPO_ROOT / "search_spaces"
+
+
+def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> None:
+    """Run a command line's main; a ConfigError becomes `error: <one line>` and exit code 2."""
+    try:
+        code = main(argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
+
+
+def csv_list(kind: Callable = str) -> Callable[[str], list]:
+    """argparse type for comma-separated lists: `--seeds 0,1,2`."""
+    def parse(text: str) -> list:
+        try:
+            return [kind(x.strip()) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}") from None
+    return parse
+
+
+def add_data_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("data (default: the preset's)")
+    g.add_argument("--data-dir", help="local folder with train/validation/test files (JSONL, CSV or Parquet), "
+                                      "e.g. the paper's data/{train,validation,test}_clean.jsonl")
+    g.add_argument("--dataset", help="Hugging Face dataset name (default: the preset's, ccdv/arxiv-classification)")
+    g.add_argument("--dataset-config", help="Hugging Face dataset config (ArXiv: no_ref)")
+    g.add_argument("--synthetic", action="store_true", help="use the bundled synthetic corpus")
+    g.add_argument("--text-column", help="text column name (default: text)")
+    g.add_argument("--label-column", help="label column name (default: label)")
+    g.add_argument("--max-len", type=int, help="tokens kept per document (truncation); also the model's max_len")
+    g.add_argument("--cache-dir", help="token-id cache folder (default: $PEFUSION_CACHE or ~/.cache/pefusion)")
+
+
+def add_preset_flag(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--preset", default=default, choices=sorted(PRESETS),
+                        help=f"model, training and data defaults (default: {default}); "
+                             + "; ".join(f"{k}: {v.description}" for k, v in sorted(PRESETS.items())))
+
+
+def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_space: str) -> None:
+    g = parser.add_argument_group("sweep")
+    g.add_argument("--search-space", default=str(SEARCH_SPACES / search_space),
+                   help=f"search-space YAML file (default: search_spaces/{search_space})")
+    g.add_argument("--address", help="Ray cluster to join: 'auto' for a running `ray start --head` "
+                                     "(default: start a local cluster)")
+    g.add_argument("--cpus-per-trial", type=float, default=1.0, help="CPUs per trial; torch uses that many threads")
+    g.add_argument("--gpus-per-trial", type=float, default=0.0,
+                   help="GPUs per trial; a fraction shares a GPU (0.25: four trials per GPU, memory permitting)")
+    g.add_argument("--num-cpus", type=int, help="CPUs a local cluster declares (default: all)")
+    g.add_argument("--num-gpus", type=float, help="GPUs a local cluster declares (default: detected)")
+    g.add_argument("--max-concurrent", type=int, default=0, help="trials at once (default: resources decide)")
+    g.add_argument("--storage-path", default="ray_results",
+                   help="where Ray keeps results and checkpoints: local folder, shared filesystem or s3://bucket/path")
+    g.add_argument("--name", help="experiment name under the storage path (default: <sweep>-<preset>-<time>)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue an interrupted sweep (--name, else the newest of this sweep and preset)")
+    g.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                                          "sqlite:///mlflow.db)")
+    g.add_argument("--experiment", default=experiment, help=f"MLflow experiment (default: {experiment})")
+    g.add_argument("--out", default="results", help="folder for the result CSVs (default: results/)")
+    g.add_argument("--smoke", action="store_true", help="tiny budgets for a quick end-to-end check")
+    g.add_argument("--no-dashboard", action="store_true", help="do not start the Ray dashboard")
+    g.add_argument("-v", "--verbose", action="count", default=1, help="more Ray output")
+
+
+def sweep_options(args: argparse.Namespace, sweep: str):
+    """The `SweepOptions` of the common flags (imports Ray, so call it after validating everything else)."""
+    from pefusion.tuning import SweepOptions
+
+    return SweepOptions(
+        sweep=sweep, experiment=args.experiment, name=args.name, storage_path=args.storage_path,
+        address=args.address, cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
+        num_cpus=args.num_cpus, num_gpus=args.num_gpus, max_concurrent=args.max_concurrent, resume=args.resume,
+        tracking_uri=args.tracking_uri, dashboard=not args.no_dashboard, verbose=args.verbose,
+        tags={"pefusion.search_space": args.search_space, "pefusion.preset": getattr(args, "preset", "")})
+
+
+def resolve_preset(args: argparse.Namespace) -> Preset:
+    """The preset with the command line's data, length, epoch and smoke overrides applied (validated)."""
+    preset = PRESETS[args.preset]
+    data_over: dict = {}
+    if args.synthetic:
+        data_over["synthetic"] = True
+    if args.data_dir:
+        if not Path(args.data_dir).is_dir():
+            raise ConfigError(f"--data-dir {args.data_dir} is not a directory; it must hold train, validation and "
+                              f"test files (JSONL, CSV or Parquet)")
+        data_over.update(data_dir=args.data_dir, synthetic=False)
+    if args.dataset:
+        data_over.update(dataset=args.dataset, dataset_config=args.dataset_config, data_dir=None, synthetic=False)
+    elif args.dataset_config:
+        data_over["dataset_config"] = args.dataset_config
+    for flag, key in (("text_column", "text_column"), ("label_column", "label_column"), ("cache_dir", "cache_dir")):
+        if getattr(args, flag):
+            data_over[key] = getattr(args, flag)
+    model, train = preset.model, preset.train
+    if args.max_len:
+        data_over["max_len"] = args.max_len
+        model = dataclasses.replace(model, max_len=args.max_len)
+    if getattr(args, "epochs", None):
+        train = dataclasses.replace(train, max_epochs=args.epochs)
+    preset = dataclasses.replace(preset, model=model, train=train,
+                                 data=dataclasses.replace(preset.data, **data_over))
+    return smoke_budget(preset) if args.smoke else preset
+
+
+def smoke_budget(preset: Preset) -> Preset:
+    """Shrink a preset to seconds per trial for `--smoke` and tests (lightning-hydra's debug config)."""
+    data: DataConfig = preset.data
+    if data.synthetic:
+        data = dataclasses.replace(data, synthetic_train=min(data.synthetic_train, 200),
+                                   synthetic_val=min(data.synthetic_val, 100),
+                                   synthetic_test=min(data.synthetic_test, 100))
+    data = dataclasses.replace(data, max_len=min(data.max_len, 128))
+    model = dataclasses.replace(preset.model, max_len=min(preset.model.max_len, 128),
+                                d_model=min(preset.model.d_model, 32), nhead=min(preset.model.nhead, 4),
+                                num_layers=1, dim_ff=min(preset.model.dim_ff, 64))
+    train = dataclasses.replace(preset.train, max_epochs=min(preset.train.max_epochs, 2), timing_repeats=1,
+                                timing_warmup=0)
+    return dataclasses.replace(preset, model=model, train=train, data=data)

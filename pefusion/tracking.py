@@ -1,0 +1,210 @@
+"""MLflow tracking for sweeps: one experiment per study, one parent run per sweep, one child run per trial.
+
+Only the sweep driver talks to MLflow (the Tune callback in `pefusion.tuning` forwards trial events here), so a
+sqlite store never sees concurrent writers and trials on cluster nodes need no route to the tracking server.
+Every lookup is by tag, never by in-memory state, so a driver restarted with `--resume` finds the runs it made
+before and never duplicates a child run.
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from pefusion import record as R
+from pefusion.config import ConfigError
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+PEFUSION_EXPERIMENT = "pe-fusion"
+STUDENT_EXPERIMENT = "student-attention"
+MLFLOW_PARAM_MAX = 6000  # MLflow's param value limit; longer values are cut, never rejected
+
+
+class TrackingError(ConfigError):
+    """The tracking server or store cannot be used (one line, reported before any trial starts)."""
+
+
+def resolve_tracking_uri(cli_value: str | None = None) -> str:
+    """`--tracking-uri`, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory.
+
+    A relative sqlite path is made absolute, so that processes started elsewhere (Ray trials, the UI) see the
+    same database file.
+    """
+    uri = cli_value or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        uri = prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def check_tracking(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, in one line, when the tracking store is unusable."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as resp:
+                if resp.status != 200:
+                    raise TrackingError(f"MLflow tracking server {uri} answered HTTP {resp.status} on /health")
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise TrackingError(
+                f"MLflow tracking server {uri} is unreachable ({reason}); start it with "
+                f"`mlflow server --host 127.0.0.1 --port 5000` or pass --tracking-uri sqlite:///mlflow.db"
+            ) from None
+    elif uri.startswith("sqlite:///"):
+        folder = Path(uri[len("sqlite:///"):]).parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise TrackingError(f"cannot write the MLflow database in {folder} (tracking URI {uri})")
+    elif uri.startswith("file:") or "://" not in uri:
+        raise TrackingError(f"tracking URI {uri!r} is a file store, which MLflow >= 3.13 refuses; "
+                            f"use sqlite:///mlflow.db or an http:// server")
+
+
+def git_commit() -> str:
+    """The commit of the code that ran (empty outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def command_line() -> str:
+    return " ".join([Path(sys.executable).name, *sys.argv])
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+    return MlflowClient(tracking_uri=uri)
+
+
+def ensure_experiment(uri: str, name: str) -> str:
+    """The experiment's id; created on first use with artifacts in an absolute ./mlartifacts for local stores."""
+    client = _client(uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    artifact_location = None
+    if uri.startswith("sqlite:///"):
+        artifact_location = (Path.cwd() / "mlartifacts").resolve().as_uri()
+    return client.create_experiment(name, artifact_location=artifact_location)
+
+
+def _finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if math.isfinite(v):
+            out[k] = float(v)
+    return out
+
+
+class SweepRecorder:
+    """Writes one sweep to MLflow. Safe to rebuild after a driver restart: runs are found again by tag."""
+
+    def __init__(self, uri: str, experiment: str, sweep: str, sweep_path: str) -> None:
+        self.uri, self.experiment, self.sweep, self.sweep_path = uri, experiment, sweep, sweep_path
+        self.experiment_id = ensure_experiment(uri, experiment)
+        self._runs: dict[str, str] = {}  # trial id -> run id
+        self._last_step: dict[str, int] = {}  # run id -> last epoch logged (skip replays after resume)
+        self.parent_run_id = self._find_or_create_parent()
+
+    def __getstate__(self) -> dict:  # Tune pickles callbacks with the experiment; MLflow state is rebuilt
+        return {k: self.__dict__[k] for k in ("uri", "experiment", "sweep", "sweep_path", "experiment_id",
+                                              "parent_run_id")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _runs={}, _last_step={})
+
+    @property
+    def client(self):
+        return _client(self.uri)
+
+    def _search(self, filter_string: str) -> list:
+        return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=5000)
+
+    def _find_or_create_parent(self) -> str:
+        found = self._search(f"tags.`{R.TAG_ROLE}` = 'sweep' and tags.`{R.TAG_STORAGE}` = '{self.sweep_path}'")
+        if found:
+            return found[0].info.run_id
+        run = self.client.create_run(self.experiment_id, run_name=Path(self.sweep_path).name, tags={
+            R.TAG_ROLE: "sweep", R.TAG_SWEEP: self.sweep, R.TAG_STORAGE: self.sweep_path,
+            R.TAG_COMMAND: command_line(), R.TAG_GIT_COMMIT: git_commit(),
+        })
+        return run.info.run_id
+
+    def tag_parent(self, tags: Mapping[str, str]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.parent_run_id, k, str(v))
+
+    # --- child runs ---------------------------------------------------------------------------------------
+    def trial_run(self, trial_id: str, params: Mapping[str, Any], run_name: str | None = None) -> str:
+        """The child run of a trial, created once (found again by tag on resume)."""
+        if trial_id in self._runs:
+            return self._runs[trial_id]
+        found = self._search(f"tags.`{R.TAG_PARENT}` = '{self.parent_run_id}' and "
+                             f"tags.`{R.TAG_TRIAL_ID}` = '{trial_id}'")
+        if found:
+            run_id = found[0].info.run_id
+            history = self.client.get_metric_history(run_id, R.VAL_ACC)
+            self._last_step[run_id] = max((m.step for m in history), default=0)
+            if found[0].info.status != "RUNNING":
+                self.client.update_run(run_id, status="RUNNING")
+        else:
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
+                R.TAG_PARENT: self.parent_run_id, R.TAG_ROLE: "trial", R.TAG_TRIAL_ID: trial_id,
+                R.TAG_SWEEP: self.sweep, R.TAG_GIT_COMMIT: git_commit()})
+            run_id = run.info.run_id
+            self._log_params(run_id, params)
+            self._last_step[run_id] = 0
+        self._runs[trial_id] = run_id
+        return run_id
+
+    def _log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+        items = [Param(k, str(v)[:MLFLOW_PARAM_MAX]) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # MLflow's batch limit
+            self.client.log_batch(run_id, params=items[i:i + 100])
+
+    def log_epoch(self, trial_id: str, step: int, metrics: Mapping[str, Any]) -> None:
+        """Per-epoch metrics at step = epoch; an epoch replayed after a resume is not logged twice."""
+        run_id = self._runs[trial_id]
+        if step <= self._last_step.get(run_id, 0):
+            return
+        self._log_metrics(run_id, metrics, step)
+        self._last_step[run_id] = step
+
+    def _log_metrics(self, run_id: str, metrics: Mapping[str, Any], step: int = 0) -> None:
+        from mlflow.entities import Metric
+        import time
+        now = int(time.time() * 1000)
+        items = [Metric(k, v, now, step) for k, v in _finite_metrics(metrics).items()]
+        for i in range(0, len(items), 500):
+            self.client.log_batch(run_id, metrics=items[i:i + 500])
+
+    def finish_trial(self, trial_id: str, record: Mapping[str, Any], artifact_dir: str | None = None,
+                     step: int = 0) -> None:
+        """Final metrics, status tags, artifacts; MLflow status FINISHED only for status 'ok'."""
+        run_id = self._runs[trial_id]
+        status = str(record.get(R.STATUS, R.STATUS_OK))
+        self._log_metrics(run_id, {k: v for k, v in record.items() if k not in R.EPOCH_METRICS}, step)
+        self.client.set_tag(run_id, R.TAG_STATUS, status)
+        if record.get(R.ERROR):
+            self.client.set_tag(run_id, R.TAG_ERROR, str(record[R.ERROR])[:5000])
+        if artifact_dir:
+            self.client.log_artifacts(run_id, artifact_dir)
+        self.client.set_terminated(run_id, status="FINISHED" if status in R.SUCCESS_STATUSES else "FAILED")
+
+    def log_parent_artifacts(self, paths: Iterable[Path], artifact_path: str = R.ARTIFACT_RESULTS_DIR) -> None:
+        for p in paths:
+            self.client.log_artifact(self.parent_run_id, str(p), artifact_path)
+
+    def finish_sweep(self, metrics: Mapping[str, Any], failed: bool = False) -> None:
+        self._log_metrics(self.parent_run_id, metrics)
+        self.client.set_terminated(self.parent_run_id, status="FAILED" if failed else "FINISHED")

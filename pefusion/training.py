@@ -1,0 +1,238 @@
+"""Training and evaluation of one PE-fusion trial: epochs, early stopping, best-checkpoint restore, test metrics.
+
+`Trainer` is the unit a Ray Tune trainable drives (build, restore, step, report); `train_and_evaluate` is the
+same loop for scripts and tests. Both end in the SPEC §3 record, a plain dict keyed by `pefusion.record` names.
+
+Why a class with `state_dict()`: a Tune trial may be killed and resumed; the checkpoint carries the model, the
+optimiser, the early-stopping counters, the best weights and the RNG state, so a resumed trial continues
+bit-identically on CPU (batch order is a function of (seed, epoch), dropout draws come from the restored RNG).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from contextlib import nullcontext
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pefusion import record as R
+from pefusion.config import ModelConfig, TrainConfig, flat_config
+from pefusion.encoder import build_model_from_config
+from pefusion.text_data import EncodedCorpus, EncodedSplit, iter_batches, length_bucket_of
+
+
+class Diverged(RuntimeError):
+    """The training loss became non-finite."""
+
+
+def select_device(preference: str = "auto") -> torch.device:
+    """'auto' takes the GPU Ray (or the user) made visible, else the CPU."""
+    if preference == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was requested but no CUDA device is visible")
+    return torch.device(preference)
+
+
+def seed_everything(seed: int) -> None:
+    """One seed controls initialisation and dropout (batch order has its own (seed, epoch) stream)."""
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Unweighted mean F1 over the classes present in y_true or y_pred (sklearn's default label set)."""
+    labels = np.union1d(y_true, y_pred)
+    tp = np.array([np.sum((y_true == c) & (y_pred == c)) for c in labels], dtype=float)
+    fp = np.array([np.sum((y_true != c) & (y_pred == c)) for c in labels], dtype=float)
+    fn = np.array([np.sum((y_true == c) & (y_pred != c)) for c in labels], dtype=float)
+    denom = 2 * tp + fp + fn
+    f1 = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=denom > 0)
+    return float(f1.mean()) if len(labels) else 0.0
+
+
+class Trainer:
+    """Builds the model and optimiser for one trial and steps it one epoch at a time."""
+
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, corpus: EncodedCorpus,
+                 device: torch.device | None = None) -> None:
+        self.model_cfg, self.train_cfg, self.corpus = model_cfg, train_cfg, corpus
+        self.device = device or select_device(train_cfg.device)
+        if corpus.max_len > model_cfg.max_len:
+            raise ValueError(f"the data keeps {corpus.max_len} tokens per document but the model's max_len is "
+                             f"{model_cfg.max_len}: set max_len >= {corpus.max_len}")
+        seed_everything(train_cfg.seed)
+        self.model = build_model_from_config(model_cfg, corpus.vocab_size, corpus.num_classes).to(self.device)
+        opt_cls = torch.optim.AdamW if train_cfg.optimizer == "adamw" else torch.optim.Adam
+        self.optimizer = opt_cls(self.model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+        self.epoch = 0  # epochs completed
+        self.best_val_acc = -math.inf
+        self.best_epoch = 0
+        self.best_state: dict[str, torch.Tensor] | None = None
+        self.bad_epochs = 0
+        self.train_time_s = 0.0
+        self.history: list[dict[str, float]] = []
+
+    # --- checkpointing ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "epoch": self.epoch, "best_val_acc": self.best_val_acc, "best_epoch": self.best_epoch,
+            "best_state": self.best_state, "bad_epochs": self.bad_epochs, "train_time_s": self.train_time_s,
+            "history": self.history, "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        for key in ("epoch", "best_val_acc", "best_epoch", "best_state", "bad_epochs", "train_time_s", "history"):
+            setattr(self, key, state[key])
+        torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+    # --- one epoch ----------------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.train_cfg.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    @property
+    def finished(self) -> bool:
+        cfg = self.train_cfg
+        return self.epoch >= cfg.max_epochs or (cfg.early_stopping and self.bad_epochs >= cfg.patience)
+
+    def train_epoch(self) -> dict[str, float]:
+        """One pass over the training split, then validation; updates early stopping. Raises `Diverged`."""
+        cfg = self.train_cfg
+        self.model.train()
+        start = time.perf_counter()
+        loss_sum, n_seen = 0.0, 0
+        for batch in iter_batches(self.corpus.train, cfg.batch_size, shuffle=True, seed=cfg.seed,
+                                  epoch=self.epoch, device=self.device):
+            with self._autocast():
+                loss = F.cross_entropy(self.model(batch.tokens).float(), batch.labels)
+            if not torch.isfinite(loss):
+                raise Diverged(f"non-finite training loss ({loss.item()}) in epoch {self.epoch + 1}")
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            loss_sum += loss.item() * len(batch.labels)
+            n_seen += len(batch.labels)
+        self.train_time_s += time.perf_counter() - start
+        self.epoch += 1
+
+        val = self.evaluate(self.corpus.validation)
+        if val["acc"] > self.best_val_acc + cfg.min_delta:
+            self.best_val_acc, self.best_epoch, self.bad_epochs = val["acc"], self.epoch, 0
+            self.best_state = copy.deepcopy(self.model.state_dict())
+        else:
+            self.bad_epochs += 1
+        metrics = {R.EPOCH: self.epoch, R.TRAIN_LOSS: loss_sum / max(n_seen, 1), R.VAL_LOSS: val["loss"],
+                   R.VAL_ACC: val["acc"]}
+        self.history.append(metrics)
+        return metrics
+
+    # --- evaluation ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, split: EncodedSplit) -> dict[str, Any]:
+        """Loss, accuracy and the predictions (in the split's order) of the current weights."""
+        self.model.eval()
+        preds = np.empty(len(split), dtype=np.int64)
+        loss_sum = 0.0
+        for batch in iter_batches(split, self.train_cfg.batch_size, shuffle=False, device=self.device):
+            with self._autocast():
+                logits = self.model(batch.tokens).float()
+            loss_sum += F.cross_entropy(logits, batch.labels, reduction="sum").item()
+            preds[batch.index.cpu().numpy()] = logits.argmax(-1).cpu().numpy()
+        n = max(len(split), 1)
+        return {"loss": loss_sum / n, "acc": float(np.mean(preds == split.labels)) if len(split) else 0.0,
+                "preds": preds}
+
+    @torch.no_grad()
+    def measure_latency(self, split: EncodedSplit) -> tuple[float, float]:
+        """Milliseconds per sample over `timing_repeats` full passes after `timing_warmup` passes (SPEC §3)."""
+        cfg, sync = self.train_cfg, self.device.type == "cuda"
+        self.model.eval()
+        batches = list(iter_batches(split, cfg.batch_size, shuffle=False, device=self.device))
+        times = []
+        for rep in range(cfg.timing_warmup + cfg.timing_repeats):
+            if sync:
+                torch.cuda.synchronize(self.device)
+            start = time.perf_counter()
+            with self._autocast():
+                for batch in batches:
+                    self.model(batch.tokens)
+            if sync:
+                torch.cuda.synchronize(self.device)
+            if rep >= cfg.timing_warmup:
+                times.append((time.perf_counter() - start) * 1000.0 / max(len(split), 1))
+        return float(np.mean(times)), float(statistics.pstdev(times))
+
+    def final_record(self, length_edges: tuple[int, ...]) -> dict[str, Any]:
+        """Restore the best checkpoint, test it, time it: the SPEC §3 record (status ok)."""
+        if self.best_state is not None:
+            self.model.load_state_dict(self.best_state)
+        val = self.evaluate(self.corpus.validation)
+        test = self.evaluate(self.corpus.test)
+        lat_mean, lat_std = self.measure_latency(self.corpus.test)
+        rec = {**self.identity(), R.STATUS: R.STATUS_OK, R.ERROR: "",
+               R.BEST_VAL_ACC: self.best_val_acc, R.BEST_EPOCH: self.best_epoch, R.VAL_ACC: val["acc"],
+               R.TEST_ACC: test["acc"], R.TEST_MACRO_F1: macro_f1(self.corpus.test.labels, test["preds"]),
+               R.LAT_MS_MEAN: lat_mean, R.LAT_MS_STD: lat_std, R.TRAIN_TIME_S: self.train_time_s,
+               R.EPOCHS_RUN: self.epoch}
+        rec.update(length_bucket_accuracy(self.corpus.test, test["preds"], length_edges))
+        return rec
+
+    def identity(self) -> dict[str, Any]:
+        return {R.DATASET: self.corpus.name, R.PE_TYPE: self.model_cfg.pe_type, R.FUSION: self.model_cfg.fusion,
+                R.SEED: self.train_cfg.seed, R.PARAMS: sum(p.numel() for p in self.model.parameters())}
+
+    def failure_record(self, status: str, error: str) -> dict[str, Any]:
+        """What a diverged (or otherwise stopped) trial reports: identity, progress and the reason."""
+        return {**self.identity(), R.STATUS: status, R.ERROR: error, R.EPOCHS_RUN: self.epoch,
+                R.BEST_EPOCH: self.best_epoch, R.TRAIN_TIME_S: self.train_time_s,
+                R.BEST_VAL_ACC: self.best_val_acc if self.best_epoch else float("nan")}
+
+    def best_model_config(self) -> dict[str, Any]:
+        """What rebuilds the saved model: the model config plus vocabulary and class counts."""
+        return {**flat_config(self.model_cfg, self.train_cfg), "vocab_size": self.corpus.vocab_size,
+                "num_classes": self.corpus.num_classes}
+
+
+def length_bucket_accuracy(split: EncodedSplit, preds: np.ndarray, edges: tuple[int, ...]) -> dict[str, float]:
+    """Test accuracy and document count per bucket of length before truncation; empty buckets get no accuracy."""
+    buckets = length_bucket_of(split.raw_lengths, edges)
+    out: dict[str, float] = {}
+    for b, label in enumerate(R.length_bucket_labels(edges)):
+        sel = buckets == b
+        out[R.LENGTH_COUNT_PREFIX + label] = int(sel.sum())
+        if sel.any():
+            out[R.length_metric(label)] = float(np.mean(preds[sel] == split.labels[sel]))
+    return out
+
+
+def train_and_evaluate(model_cfg: ModelConfig, train_cfg: TrainConfig, corpus: EncodedCorpus, *,
+                       length_edges: tuple[int, ...], on_epoch: Callable[[dict, Trainer], None] | None = None,
+                       trainer: Trainer | None = None) -> dict[str, Any]:
+    """Run a whole trial (or the rest of a restored one) and return its SPEC §3 record.
+
+    A non-finite loss stops training and returns a record with status 'diverged' and the reason; it never raises.
+    """
+    trainer = trainer or Trainer(model_cfg, train_cfg, corpus)
+    while not trainer.finished:
+        try:
+            metrics = trainer.train_epoch()
+        except Diverged as exc:
+            return trainer.failure_record(R.STATUS_DIVERGED, str(exc))
+        if on_epoch is not None:
+            on_epoch(metrics, trainer)
+    return trainer.final_record(length_edges)
