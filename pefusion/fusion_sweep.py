@@ -141,8 +141,8 @@ def aggregate_rows(rows: pd.DataFrame) -> pd.DataFrame:
         "params_mean": (R.PARAMS, "mean"),
         "lat_ms_mean": (R.LAT_MS_MEAN, "mean"), "lat_ms_std": (R.LAT_MS_MEAN, "std"),
         "epochs_run_mean": (R.EPOCHS_RUN, "mean"),
-    }) if len(ok) else pd.DataFrame()
-    return counts.join(stats).reset_index()
+    }) if len(ok) else None
+    return (counts if stats is None else counts.join(stats)).reset_index()
 
 
 def write_results(rows: pd.DataFrame, name: str, out_dir: str | Path) -> list[Path]:
@@ -171,3 +171,14 @@ def summary_table(rows: pd.DataFrame) -> str:
     for _, r in rows[rows[R.STATUS] != R.STATUS_OK].iterrows():
         lines.append(f"  failed: {trial_run_name(r.to_dict())} [{r[R.STATUS]}] {r.get(R.ERROR, '')}")
     return "\n".join(lines)
+
+
+def budget_summary(rows: pd.DataFrame, max_t: int) -> dict[str, float]:
+    """Epochs actually trained against the epochs of the same samples run to max_t."""
+    trained = float(rows[R.EPOCHS_RUN].fillna(0).sum())
+    full = float(len(rows) * max_t)
+    return {"epochs_trained": trained, "epochs_full_budget": full, "budget_fraction": trained / full if full else 0.0,
+            "n_stopped": float((rows[R.STATUS] == R.STATUS_STOPPED).sum()),
+            "n_failed": float((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum()),
+            "best_val_acc": float(rows[R.VAL_ACC].max()) if R.VAL_ACC in rows and rows[R.VAL_ACC].notna().any()
+            else float("nan")}

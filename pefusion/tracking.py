@@ -113,6 +113,7 @@ class SweepRecorder:
         self.experiment_id = ensure_experiment(uri, experiment)
         self._runs: dict[str, str] = {}  # trial id -> run id
         self._last_step: dict[str, int] = {}  # run id -> last epoch logged (skip replays after resume)
+        self._done: set[str] = set()  # run ids whose trial already finished (a resume re-reports them)
         self.parent_run_id = self._find_or_create_parent()
 
     def __getstate__(self) -> dict:  # Tune pickles callbacks with the experiment; MLflow state is rebuilt
@@ -120,7 +121,7 @@ class SweepRecorder:
                                               "parent_run_id")}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _runs={}, _last_step={})
+        self.__dict__.update(state, _runs={}, _last_step={}, _done=set())
 
     @property
     def client(self):
@@ -154,7 +155,9 @@ class SweepRecorder:
             run_id = found[0].info.run_id
             history = self.client.get_metric_history(run_id, R.VAL_ACC)
             self._last_step[run_id] = max((m.step for m in history), default=0)
-            if found[0].info.status != "RUNNING":
+            if R.TAG_STATUS in found[0].data.tags:  # finished before a driver restart: leave it as it is
+                self._done.add(run_id)
+            elif found[0].info.status != "RUNNING":
                 self.client.update_run(run_id, status="RUNNING")
         else:
             run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
@@ -192,6 +195,9 @@ class SweepRecorder:
                      step: int = 0) -> None:
         """Final metrics, status tags, artifacts; MLflow status FINISHED only for status 'ok'."""
         run_id = self._runs[trial_id]
+        if run_id in self._done:
+            return
+        self._done.add(run_id)
         status = str(record.get(R.STATUS, R.STATUS_OK))
         self._log_metrics(run_id, {k: v for k, v in record.items() if k not in R.EPOCH_METRICS}, step)
         self.client.set_tag(run_id, R.TAG_STATUS, status)

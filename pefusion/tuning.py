@@ -214,7 +214,9 @@ def result_rows(results, *, final_keys: tuple[str, ...] = ()) -> list[dict[str, 
             row.update({k: v for k, v in metrics.items() if k.startswith(R.LENGTH_METRIC_PREFIX)
                         or k.startswith(R.LENGTH_COUNT_PREFIX)})
         else:
-            row.update({R.STATUS: R.STATUS_STOPPED, R.ERROR: "",
-                        R.EPOCHS_RUN: metrics.get(R.EPOCH), R.VAL_ACC: metrics.get(R.VAL_ACC)})
+            history = res.metrics_dataframe  # stopped by the scheduler: its best epoch so far counts
+            best = history[R.VAL_ACC].max() if history is not None and R.VAL_ACC in history else None
+            row.update({R.STATUS: R.STATUS_STOPPED, R.ERROR: "", R.EPOCHS_RUN: metrics.get(R.EPOCH),
+                        R.VAL_ACC: metrics.get(R.VAL_ACC), R.BEST_VAL_ACC: best})
         rows.append(row)
     return rows

@@ -1,0 +1,283 @@
+"""The papers' figures, drawn from the analysis tables (pefusion.analysis) and saved as PNG (dpi 150) and PDF.
+
+Every figure is a `matplotlib.figure.Figure` on an explicit Agg canvas: no pyplot state, no display needed, and
+importing this module never changes the backend of a notebook that imports it.
+
+PE-fusion: paired-seed Δ per PE (the paper's Fig. 3), accuracy and latency per fusion (Fig. 4a/4b), accuracy per
+length bucket per fusion. Student: Δε_t and Δε_g against α with the published α_c and α_l, m and θ against α,
+λ* against α, and the (α, ω) phase diagram with the published α_c(ω) curve. Published curves are arguments
+(dict ω → α), so the figures do not depend on where the constants live.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from pefusion import analysis as A
+from pefusion import record as R
+
+DPI = 150
+Curve = Mapping[float, float]
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (6.4, 4.2)) -> tuple[Figure, np.ndarray]:
+    """A figure on an Agg canvas and its (nrows, ncols) array of axes."""
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
+
+
+def save_figure(fig: Figure, out_dir: str | Path, stem: str) -> Path:
+    """Write <out_dir>/<stem>.png (dpi 150) and <stem>.pdf; return the PNG path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = out_dir / f"{stem}.png"
+    fig.savefig(png, dpi=DPI)
+    fig.savefig(out_dir / f"{stem}.pdf")
+    return png
+
+
+def _colors(n: int) -> list:
+    cmap = colormaps["tab10"]
+    return [cmap(i % 10) for i in range(n)]
+
+
+def _offsets(n: int, width: float = 0.6) -> np.ndarray:
+    """Horizontal offsets that spread n series around each category tick."""
+    return np.zeros(1) if n == 1 else np.linspace(-width / 2, width / 2, n)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# PE-fusion
+# ---------------------------------------------------------------------------------------------------------
+
+
+def paired_delta_figure(summary: pd.DataFrame, per_seed: pd.DataFrame, pe_type: str, dataset: str) -> Figure:
+    """The paper's Fig. 3 for one PE: x = fusion, one point per seed of Δ accuracy (pp) against the baseline,
+    and the mean with its 95% t interval."""
+    s = summary[summary["pe_type"] == pe_type].reset_index(drop=True)
+    p = per_seed[per_seed["pe_type"] == pe_type]
+    baseline = s["baseline"].iloc[0] if len(s) else "add"
+    fig, axes = new_figure()
+    ax = axes[0, 0]
+    x = {fu: i for i, fu in enumerate(s["fusion"])}
+    seeds = sorted(p["seed"].unique())
+    for seed, color, dx in zip(seeds, _colors(len(seeds)), _offsets(len(seeds), 0.4)):
+        pts = p[p["seed"] == seed]
+        ax.scatter([x[f] + dx for f in pts["fusion"]], pts["delta"], color=color, s=22, label=f"seed {seed}",
+                   zorder=2)
+    low = np.nan_to_num((s["delta_mean"] - s["ci95_low"]).to_numpy(float))
+    high = np.nan_to_num((s["ci95_high"] - s["delta_mean"]).to_numpy(float))
+    ax.errorbar(range(len(s)), s["delta_mean"], yerr=[low, high], fmt="D", color="black", capsize=5, ms=6,
+                label="mean ± 95% CI", zorder=3)
+    ax.axhline(0.0, color="gray", lw=0.8, ls="--")
+    ax.set_xticks(range(len(s)), [f"{fu}\n(n={n})" for fu, n in zip(s["fusion"], s["n_pairs"])])
+    ax.set_xlim(-0.6, max(len(s) - 0.4, 0.6))
+    ax.set_ylabel(f"Δ test accuracy vs {baseline} (pp)")
+    ax.set_title(f"{pe_type}: paired-seed Δ = fusion − {baseline} ({dataset})", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    return fig
+
+
+def per_fusion_figure(table: pd.DataFrame, fusions: pd.DataFrame, quantity: str, dataset: str) -> Figure:
+    """The paper's Fig. 4a (quantity 'test_acc', %) or 4b ('lat_ms', ms/sample): a bar per fusion, pooled over
+    PEs and seeds (mean ± std), with each PE's mean ± std over seeds as markers."""
+    ylabel = {"test_acc": "test accuracy (%)", "lat_ms": "inference latency (ms / sample)"}[quantity]
+    fig, axes = new_figure(size=(7.0, 4.2))
+    ax = axes[0, 0]
+    order = list(fusions["fusion"])
+    ax.bar(range(len(order)), fusions[f"{quantity}_mean"], yerr=np.nan_to_num(fusions[f"{quantity}_std"]),
+           color="0.85", edgecolor="0.4", capsize=4, label="all PEs")
+    pes = list(dict.fromkeys(table["pe_type"]))
+    for pe, color, dx in zip(pes, _colors(len(pes)), _offsets(len(pes), 0.5)):
+        rows = table[table["pe_type"] == pe]
+        ax.errorbar([order.index(f) + dx for f in rows["fusion"]], rows[f"{quantity}_mean"],
+                    yerr=np.nan_to_num(rows[f"{quantity}_std"]), fmt="o", color=color, ms=4, capsize=2, label=pe)
+    ax.set_xticks(range(len(order)), order, rotation=20)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{ylabel.split(' (')[0]} per fusion ({dataset})", fontsize=10)
+    ax.legend(fontsize=7, ncols=2)
+    return fig
+
+
+def length_bucket_figure(buckets: pd.DataFrame, dataset: str) -> Figure:
+    """Test accuracy (%) per document-length bucket, one panel per PE, one line per fusion (mean ± std)."""
+    pes = list(dict.fromkeys(buckets["pe_type"]))
+    ncols = min(len(pes), 2)
+    nrows = math.ceil(len(pes) / ncols)
+    fig, axes = new_figure(nrows, ncols, size=(5.2 * ncols, 3.6 * nrows))
+    labels = list(dict.fromkeys(buckets["bucket"]))
+    for ax, pe in zip(axes.flat, pes):
+        rows = buckets[buckets["pe_type"] == pe]
+        fusions = list(dict.fromkeys(rows["fusion"]))
+        for fu, color in zip(fusions, _colors(len(fusions))):
+            line = rows[rows["fusion"] == fu].set_index("bucket").reindex(labels)
+            ax.errorbar(range(len(labels)), line["test_acc_mean"], yerr=np.nan_to_num(line["test_acc_std"]),
+                        marker="o", ms=4, capsize=3, color=color, label=fu)
+        docs = rows.groupby("bucket")["n_docs_mean"].mean().reindex(labels)
+        ax.set_xticks(range(len(labels)),
+                      [lab if pd.isna(n) else f"{lab}\n(n={n:.0f})" for lab, n in zip(labels, docs)], fontsize=8)
+        ax.set_title(pe, fontsize=10)
+        ax.set_ylabel("test accuracy (%)")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(pes):]:
+        ax.set_visible(False)
+    fig.suptitle(f"accuracy per document length (tokens before truncation), {dataset}", fontsize=10)
+    return fig
+
+
+def pefusion_figures(runs: pd.DataFrame, out_dir: str | Path, baseline: str = "add") -> list[Path]:
+    """Every PE-fusion figure for the runs of one dataset; returns the PNG paths (PDFs sit beside them)."""
+    dataset = A.one_dataset(A.pefusion_runs(runs))
+    slug = A.dataset_slug(dataset)
+    paths = []
+    summary, per_seed = A.paired_deltas(runs, baseline)
+    for pe in dict.fromkeys(summary["pe_type"]):
+        paths.append(save_figure(paired_delta_figure(summary, per_seed, pe, dataset), out_dir,
+                                 f"paired_deltas_{slug}_{A.dataset_slug(pe)}"))
+    table, fusions = A.table1(runs), A.fusion_summary(runs)
+    paths.append(save_figure(per_fusion_figure(table, fusions, "test_acc", dataset), out_dir,
+                             f"accuracy_per_fusion_{slug}"))
+    if fusions["lat_ms_mean"].notna().any():
+        paths.append(save_figure(per_fusion_figure(table, fusions, "lat_ms", dataset), out_dir,
+                                 f"latency_per_fusion_{slug}"))
+    buckets = A.length_bucket_summary(runs)
+    if len(buckets):
+        paths.append(save_figure(length_bucket_figure(buckets, dataset), out_dir, f"accuracy_per_length_{slug}"))
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Student study
+# ---------------------------------------------------------------------------------------------------------
+
+_SYMBOL = {R.OMEGA: "ω", R.SIGMA: "σ", R.D: "d", A.LAM_FIXED: "λ", "source": ""}
+
+
+def _groups(frame: pd.DataFrame, keys: Sequence[str]) -> list[tuple[str, pd.DataFrame, tuple]]:
+    """(legend label, rows, colour) per group of `keys`; the label names only the keys that vary (ω always)."""
+    shown = [k for k in keys if k == R.OMEGA or frame[k].nunique(dropna=False) > 1]
+    groups = list(frame.groupby(keys, sort=True, dropna=False))
+    out = []
+    for (values, rows), color in zip(groups, _colors(len(groups))):
+        values = dict(zip(keys, values))
+        label = ", ".join(f"{_SYMBOL.get(k, k)}={values[k]:g}" if isinstance(values[k], float) else str(values[k])
+                          for k in shown)
+        out.append((label, rows.sort_values(R.ALPHA), color))
+    return out
+
+
+def _alpha_lines(ax, omegas: Sequence[float], alpha_c: Curve | None, alpha_l: Curve | None) -> None:
+    """Vertical lines at the published α_c(ω) (dashed) and α_l(ω) (dotted) for each ω on the plot."""
+    for omega, color in zip(omegas, _colors(len(omegas))):
+        for curve, style, name in ((alpha_c, "--", "α_c"), (alpha_l, ":", "α_l")):
+            value = A.interpolate_curve(curve, omega) if curve else math.nan
+            if not math.isnan(value):
+                ax.axvline(value, color=color, ls=style, lw=1.2, label=f"{name}(ω={omega:g}) = {value:.3g} (paper)")
+
+
+def student_delta_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = None,
+                         alpha_l: Curve | None = None) -> Figure:
+    """Δε_t and Δε_g = ε(positional) − ε(semantic) against α (mean ± std over seeds), one line per ω, with
+    the published α_c(ω) and α_l(ω). Above zero the semantic solution is lower."""
+    fig, axes = new_figure(1, 2, size=(11.0, 4.2))
+    groups = _groups(delta_summary, [k for k in A.DELTA_GROUP if k != R.ALPHA])
+    omegas = sorted(delta_summary[R.OMEGA].dropna().unique())
+    for ax, quantity, name in zip(axes[0], ("delta_eps_t", "delta_eps_g"), ("ε_t", "ε_g")):
+        for label, rows, color in groups:
+            mean, std = rows[f"{quantity}_mean"].to_numpy(float), np.nan_to_num(rows[f"{quantity}_std"])
+            ax.plot(rows[R.ALPHA], mean, marker="o", ms=3, color=color, label=label)
+            ax.fill_between(rows[R.ALPHA], mean - std, mean + std, color=color, alpha=0.2, lw=0)
+        _alpha_lines(ax, omegas, alpha_c, alpha_l)
+        ax.axhline(0.0, color="gray", lw=0.8)
+        ax.set_xlabel("α = n / d")
+        ax.set_ylabel(f"Δ{name} = {name}(positional) − {name}(semantic)")
+        ax.legend(fontsize=7)
+    axes[0, 0].set_title("training loss difference", fontsize=10)
+    axes[0, 1].set_title("test error difference", fontsize=10)
+    return fig
+
+
+def student_order_figure(summary: pd.DataFrame) -> Figure:
+    """m = |1ᵀQ|/d (positional overlap) and θ = |Q*ᵀQ|/d (semantic overlap) against α, per initialisation."""
+    fig, axes = new_figure(1, 2, size=(11.0, 4.2))
+    groups = _groups(summary, ["source", R.OMEGA, R.SIGMA, R.D, A.LAM_FIXED, R.INIT])
+    for ax, quantity, name in zip(axes[0], (R.M, R.THETA), ("m = |1ᵀQ| / d", "θ = |Q*ᵀQ| / d")):
+        for label, rows, color in groups:
+            ax.errorbar(rows[R.ALPHA], rows[f"{quantity}_mean"], yerr=np.nan_to_num(rows[f"{quantity}_std"]),
+                        marker="o", ms=3, capsize=2, color=color, label=label)
+        ax.set_xlabel("α = n / d")
+        ax.set_ylabel(name)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def lambda_star_figure(summary: pd.DataFrame) -> Figure | None:
+    """The cross-validated λ* against α per initialisation (log scale); None without λ-CV runs."""
+    rows_cv = summary[summary[f"{R.LAMBDA_STAR}_mean"].notna()]
+    if rows_cv.empty:
+        return None
+    fig, axes = new_figure()
+    ax = axes[0, 0]
+    for label, rows, color in _groups(rows_cv, [R.OMEGA, R.SIGMA, R.D, R.INIT]):
+        ax.plot(rows[R.ALPHA], rows[f"{R.LAMBDA_STAR}_mean"], marker="o", ms=4, color=color, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("α = n / d")
+    ax.set_ylabel("λ* (cross-validated, mean over seeds)")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = None,
+                         alpha_l: Curve | None = None) -> Figure:
+    """Sign of the mean Δε_t over (α, ω): which solution reaches the lower training loss, with the published
+    α_c(ω) (and α_l(ω)) curves. Uses the (source, σ, d, λ) slice with the most grid points."""
+    keys = ["source", R.SIGMA, R.D, A.LAM_FIXED]
+    sizes = delta_summary.groupby(keys, dropna=False).size()
+    chosen = sizes.idxmax()
+    mask = np.logical_and.reduce([(delta_summary[k] == v) | (delta_summary[k].isna() & pd.isna(v))
+                                  for k, v in zip(keys, chosen)])
+    grid = delta_summary[mask]
+    fig, axes = new_figure(size=(6.4, 4.6))
+    ax = axes[0, 0]
+    for side, color, text in ((A.SEMANTIC, "tab:blue", "semantic lower (Δε_t > 0)"),
+                              (A.POSITIONAL, "tab:red", "positional lower (Δε_t < 0)"), ("tie", "0.6", "tie")):
+        pts = grid[grid["lower_train_loss"] == side]
+        if len(pts):
+            ax.scatter(pts[R.ALPHA], pts[R.OMEGA], c=color, marker="s", s=60, label=text)
+    for curve, style, name in ((alpha_c, "k-", "α_c(ω), paper"), (alpha_l, "k:", "α_l(ω), paper")):
+        if curve:
+            omegas = sorted(curve)
+            ax.plot([curve[o] for o in omegas], omegas, style, lw=1.5, label=name)
+    ax.set_xlabel("α = n / d")
+    ax.set_ylabel("ω (weight of the positional teacher)")
+    context = ", ".join(f"{_SYMBOL.get(k, k)}={v:g}" if isinstance(v, float) else str(v)
+                        for k, v in zip(keys, chosen) if not pd.isna(v))
+    ax.set_title(f"phase diagram: sign of Δε_t ({context})", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    return fig
+
+
+def student_figures(student: pd.DataFrame, out_dir: str | Path, alpha_c: Curve | None = None,
+                    alpha_l: Curve | None = None) -> list[Path]:
+    """Every student figure from the long student frame (analysis.student_frame); returns the PNG paths."""
+    paths = []
+    summary = A.student_summary(student)
+    delta_summary = A.student_delta_summary(A.student_deltas(student))
+    if len(delta_summary):
+        paths.append(save_figure(student_delta_figure(delta_summary, alpha_c, alpha_l), out_dir, "student_deltas"))
+        paths.append(save_figure(phase_diagram_figure(delta_summary, alpha_c, alpha_l), out_dir,
+                                 "student_phase_diagram"))
+    if len(summary):
+        paths.append(save_figure(student_order_figure(summary), out_dir, "student_order_parameters"))
+    lam_fig = lambda_star_figure(summary) if len(summary) else None
+    if lam_fig is not None:
+        paths.append(save_figure(lam_fig, out_dir, "student_lambda_star"))
+    return paths

@@ -1,0 +1,293 @@
+"""Write what the analysis scripts produce: result CSVs (+ markdown and LaTeX for Table 1), figures, and one
+self-contained HTML page per sweep, logged back to the sweep's MLflow parent run.
+
+Everything is written under an output folder (default `results/`), figures under `<out>/figures/`. Accuracies
+in every CSV are in percent and accuracy deltas in percentage points (see pefusion.analysis).
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pandas as pd
+
+from pefusion import analysis as A
+from pefusion import figures as F
+from pefusion import record as R
+
+Curve = Mapping[float, float]
+
+
+def add_source_flags(parser: argparse.ArgumentParser, experiment: str,
+                     parent_default: str = "every finished trial run of the experiment") -> None:
+    """The flags every analysis script shares: where the runs are and where the outputs go."""
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                                               "sqlite:///mlflow.db)")
+    parser.add_argument("--experiment", default=experiment, help=f"MLflow experiment (default: {experiment}; "
+                                                                 f"the student study's is student-attention)")
+    parser.add_argument("--parent-run", help="analyse the trials of this sweep parent run (id or unique prefix); "
+                                             f"default: {parent_default}")
+    parser.add_argument("--out", default="results", help="output folder (default: results/)")
+
+
+def _write_csv(frame: pd.DataFrame, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False)
+    return path
+
+
+def _per_dataset(trials: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    runs = A.pefusion_runs(trials)
+    if runs.empty:
+        raise A.AnalysisError("no PE-fusion trial runs in the selection (runs need params dataset, pe_type, fusion, "
+                              "seed); for the student study pass --experiment student-attention")
+    return [(ds, runs[runs[R.DATASET].astype(str) == ds]) for ds in A.datasets(runs)]
+
+
+def write_table1(trials: pd.DataFrame, out: str | Path) -> list[Path]:
+    """table1_<dataset>.csv (accuracies in %), .md and .tex for each dataset of the PE-fusion runs."""
+    out, paths = Path(out), []
+    for dataset, runs in _per_dataset(trials):
+        slug, table = A.dataset_slug(dataset), A.table1(runs)
+        display = A.table1_display(table)
+        paths.append(_write_csv(table, out / f"table1_{slug}.csv"))
+        (out / f"table1_{slug}.md").write_text(f"Test accuracy (%), mean ± sample std over seeds — {dataset}\n\n"
+                                                + A.to_markdown(display))
+        (out / f"table1_{slug}.tex").write_text(A.to_latex(
+            display, f"Test accuracy (%) mean ± std over seeds, parameters and latency (ms/sample), {dataset}"))
+        paths += [out / f"table1_{slug}.md", out / f"table1_{slug}.tex"]
+    return paths
+
+
+def write_paired_deltas(trials: pd.DataFrame, out: str | Path, baseline: str = "add") -> list[Path]:
+    """paired_deltas_<dataset>.csv, paired_deltas_per_seed_<dataset>.csv (pp) and one Fig. 3-style figure per PE."""
+    out, paths = Path(out), []
+    for dataset, runs in _per_dataset(trials):
+        slug = A.dataset_slug(dataset)
+        summary, per_seed = A.paired_deltas(runs, baseline)
+        paths.append(_write_csv(summary, out / f"paired_deltas_{slug}.csv"))
+        paths.append(_write_csv(per_seed, out / f"paired_deltas_per_seed_{slug}.csv"))
+        for pe in dict.fromkeys(summary["pe_type"]):
+            paths.append(F.save_figure(F.paired_delta_figure(summary, per_seed, pe, dataset), out / "figures",
+                                       f"paired_deltas_{slug}_{A.dataset_slug(pe)}"))
+    return paths
+
+
+def write_pefusion_summaries(trials: pd.DataFrame, out: str | Path) -> list[Path]:
+    """fusion_summary_<dataset>.csv and length_buckets_<dataset>.csv (accuracies in %)."""
+    out, paths = Path(out), []
+    for dataset, runs in _per_dataset(trials):
+        slug = A.dataset_slug(dataset)
+        paths.append(_write_csv(A.fusion_summary(runs), out / f"fusion_summary_{slug}.csv"))
+        buckets = A.length_bucket_summary(runs)
+        if len(buckets):
+            paths.append(_write_csv(buckets, out / f"length_buckets_{slug}.csv"))
+    return paths
+
+
+def write_student_tables(trials: pd.DataFrame, out: str | Path, alpha_c: Curve | None = None) -> list[Path]:
+    """student_runs.csv (long frame), student_summary.csv, student_deltas.csv (per seed),
+    student_delta_summary.csv and student_alpha_c.csv (estimated crossing beside the published α_c)."""
+    out = Path(out)
+    student = A.student_frame(trials)
+    deltas = A.student_deltas(student)
+    delta_summary = A.student_delta_summary(deltas)
+    tables = {"student_runs": student, "student_summary": A.student_summary(student), "student_deltas": deltas,
+              "student_delta_summary": delta_summary,
+              "student_alpha_c": A.crossing_alphas(delta_summary, alpha_c)}
+    return [_write_csv(frame, out / f"{name}.csv") for name, frame in tables.items()]
+
+
+def write_figures(trials: pd.DataFrame, out: str | Path, baseline: str = "add", alpha_c: Curve | None = None,
+                  alpha_l: Curve | None = None) -> list[Path]:
+    """Every figure the runs allow (PE-fusion ones per dataset, student ones) into <out>/figures; PNG paths."""
+    paths: list[Path] = []
+    if len(A.pefusion_runs(trials)):
+        for _, runs in _per_dataset(trials):
+            paths += F.pefusion_figures(runs, Path(out) / "figures", baseline)
+    if len(A.student_runs(trials)):
+        paths += F.student_figures(A.student_frame(trials), Path(out) / "figures", alpha_c, alpha_l)
+    if not paths:
+        raise A.AnalysisError("the trial runs have neither PE-fusion params (dataset, pe_type, fusion, seed) nor "
+                              "student params (alpha, seed): nothing to plot")
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------------
+# HTML report
+# ---------------------------------------------------------------------------------------------------------
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
+code, pre { background: #f6f6f6; padding: 2px 4px; white-space: pre-wrap; word-break: break-all; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
+.note { color: #8a5a00; } .muted { color: #666; font-size: 0.9em; }
+"""
+
+
+def _number(value: float) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "–"
+    return f"{value:.4g}"
+
+
+def _table_html(frame: pd.DataFrame) -> str:
+    if frame.empty:
+        return "<p class='muted'>(none)</p>"
+    return frame.to_html(index=False, border=0, na_rep="–", float_format=_number, escape=True)
+
+
+def _image_html(png: Path) -> str:
+    data = base64.b64encode(png.read_bytes()).decode("ascii")
+    return f"<figure><img alt='{html.escape(png.stem)}' src='data:image/png;base64,{data}'></figure>"
+
+
+def report_kind(sweep: A.Sweep) -> str:
+    """'search' for hyperparameter searches, else the study of the runs ('pefusion' or 'student')."""
+    if sweep.parent_tags.get(R.TAG_SWEEP) == "lr_batch_asha":
+        return "search"
+    kind = A.study_of(sweep.trials)
+    if kind == "unknown":
+        raise A.AnalysisError("the trial runs have neither PE-fusion params (dataset, pe_type, fusion, seed) nor "
+                              "student params (alpha, seed): nothing to report")
+    return kind
+
+
+def _pefusion_sections(trials: pd.DataFrame, out: Path, baseline: str) -> tuple[list[str], list[Path]]:
+    parts, written = [], []
+    written += write_table1(trials, out) + write_paired_deltas(trials, out, baseline)
+    written += write_pefusion_summaries(trials, out)
+    figures = write_figures(trials, out, baseline)
+    for dataset, runs in _per_dataset(trials):
+        slug = A.dataset_slug(dataset)
+        table = A.table1(runs)
+        summary, _ = A.paired_deltas(runs, baseline)
+        buckets = A.length_bucket_summary(runs)
+        parts.append(f"<h2>Dataset {html.escape(dataset)}</h2>")
+        paper = " The paper's Table 3 values stand beside ours." if "published_mean" in table else ""
+        parts.append("<h3>Table 1</h3><p class='muted'>Test accuracy in %, mean ± sample standard deviation "
+                     f"(ddof=1) over seeds; latency in ms per sample (mean ± std over seeds).{paper}</p>")
+        parts.append(_table_html(A.table1_display(table)))
+        parts.append(f"<h3>Paired-seed Δ accuracy against {html.escape(baseline)}</h3><p class='muted'>Δ in "
+                     "percentage points, seeds matched on both sides (n_unpaired: seeds left out); 95% t interval, "
+                     "paired t-test and Wilcoxon signed-rank p-values.</p>")
+        parts.append(_table_html(summary))
+        parts += [_image_html(p) for p in figures if p.stem.startswith(f"paired_deltas_{slug}_")]
+        parts.append("<h3>Accuracy and latency per fusion</h3>")
+        parts.append(_table_html(A.fusion_summary(runs)))
+        parts += [_image_html(p) for p in figures if p.stem in (f"accuracy_per_fusion_{slug}",
+                                                                 f"latency_per_fusion_{slug}")]
+        if len(buckets):
+            cells = buckets.assign(acc=[A.format_mean_std(m, s)
+                                        for m, s in zip(buckets.test_acc_mean, buckets.test_acc_std)])
+            wide = cells.pivot(index=["pe_type", "fusion"], columns="bucket", values="acc")
+            wide = wide[list(dict.fromkeys(buckets["bucket"]))].reset_index()
+            parts.append("<h3>Accuracy (%) per document length</h3>")
+            parts.append(_table_html(wide))
+            parts += [_image_html(p) for p in figures if p.stem == f"accuracy_per_length_{slug}"]
+    return parts, written + figures
+
+
+def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None,
+                      alpha_l: Curve | None) -> tuple[list[str], list[Path]]:
+    written = write_student_tables(trials, out, alpha_c)
+    figures = write_figures(trials, out, alpha_c=alpha_c, alpha_l=alpha_l)
+    student = A.student_frame(trials)
+    delta_summary = A.student_delta_summary(A.student_deltas(student))
+    published = "" if alpha_c else " (published α_c(ω) unavailable: pefusion.student has no ALPHA_C_PUBLISHED)"
+    parts = [
+        "<h2>Positional vs semantic solutions</h2><p class='muted'>Δε = ε(positional) − ε(semantic), mean ± "
+        "sample std over seeds: Δε_t &gt; 0 means the semantic solution reaches the lower training loss.</p>",
+        _table_html(delta_summary),
+        f"<h3>Estimated α_c beside the published one{html.escape(published)}</h3>",
+        _table_html(A.crossing_alphas(delta_summary, alpha_c)),
+        "<h3>Per initialisation</h3>", _table_html(A.student_summary(student)),
+    ]
+    parts += [_image_html(p) for p in figures]
+    return parts, written + figures
+
+
+def _search_sections(trials: pd.DataFrame, out: Path) -> tuple[list[str], list[Path]]:
+    table = A.search_table(trials)
+    path = _write_csv(table, out / "search_trials.csv")
+    return ["<h2>Search trials, best first</h2><p class='muted'>Accuracies in %.</p>", _table_html(table)], [path]
+
+
+def _header(sweep: A.Sweep) -> str:
+    tags = sweep.parent_tags
+    trials = sweep.trials
+    n_failed, n_ok = len(A.failed(trials)), int((trials[R.STATUS] == R.STATUS_OK).sum())
+    rows = [
+        ("experiment", sweep.experiment), ("tracking URI", sweep.tracking_uri),
+        ("sweep", sweep.name), ("parent run", sweep.parent_run_id or "none: every finished trial run"),
+        ("command line", tags.get(R.TAG_COMMAND, "not recorded")),
+        ("git commit", tags.get(R.TAG_GIT_COMMIT, "not recorded")),
+        ("search space", tags.get(R.TAG_SEARCH_SPACE, "not recorded")),
+        ("Ray address", tags.get(R.TAG_RAY_ADDRESS, "not recorded")),
+        ("trials", f"{len(trials)} finished: {n_ok} ok, {len(trials) - n_ok - n_failed} stopped early by the "
+                   f"scheduler, {n_failed} failed"),
+        ("report written", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
+    ]
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td><code>{html.escape(str(v))}</code></td></tr>" for k, v in rows)
+    return f"<table>{cells}</table>"
+
+
+def report_path(sweep: A.Sweep, out: str | Path) -> Path:
+    """<out>/report_<sweep>_<run id 8>.html, or report_<study>_all.html without a parent run."""
+    suffix = sweep.parent_run_id[:8] if sweep.parent_run_id else "all"
+    return Path(out) / f"report_{A.dataset_slug(sweep.name)}_{suffix}.html"
+
+
+def build_report(sweep: A.Sweep, out: str | Path = "results", baseline: str = "add",
+                 alpha_c: Curve | None = None, alpha_l: Curve | None = None,
+                 log_to_mlflow: bool = True) -> tuple[Path, list[Path]]:
+    """Write the sweep's CSVs, figures and HTML page; log them to the parent run under results/ (when there is
+    one and `log_to_mlflow`). Returns (HTML path, other files written)."""
+    out = Path(out)
+    kind = report_kind(sweep)
+    if kind == "pefusion":
+        parts, written = _pefusion_sections(sweep.trials, out, baseline)
+    elif kind == "student":
+        parts, written = _student_sections(sweep.trials, out, alpha_c, alpha_l)
+    else:
+        parts, written = _search_sections(sweep.trials, out)
+    remarks = A.notes(sweep)
+    page = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        f"<title>pefusion report: {html.escape(sweep.name)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>Sweep report: {html.escape(sweep.name)}</h1>", _header(sweep),
+        *(f"<p class='note'>Note: {html.escape(r)}</p>" for r in remarks),
+        *parts,
+        "<h2>Failed trials</h2>", _table_html(A.failed_trials(sweep.trials)),
+        "<h2>Files</h2><p class='muted'>" + "<br>".join(html.escape(str(p)) for p in written) + "</p>",
+        "</body></html>",
+    ]
+    path = report_path(sweep, out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(page), encoding="utf-8")
+    if log_to_mlflow and sweep.parent_run_id:
+        log_to_parent(sweep, [path, *written])
+    return path, written
+
+
+def log_to_parent(sweep: A.Sweep, paths: Sequence[Path]) -> None:
+    """Log files to the sweep's parent run: results/ for tables and the page, results/figures/ for figures (PDFs
+    beside the PNGs included)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=sweep.tracking_uri)
+    for path in paths:
+        is_figure = path.suffix == ".png"
+        targets = [path, path.with_suffix(".pdf")] if is_figure else [path]
+        folder = f"{R.ARTIFACT_RESULTS_DIR}/figures" if is_figure else R.ARTIFACT_RESULTS_DIR
+        for target in targets:
+            if target.exists():
+                client.log_artifact(sweep.parent_run_id, str(target), artifact_path=folder)

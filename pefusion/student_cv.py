@@ -1,0 +1,107 @@
+"""λ cross-validation and the per-point runners that the student sweeps call (SPEC §4–5).
+
+`run_cv_point` fits, for every λ of the grid, the K fold students AND the refit on all n samples as ONE batched
+program (R = |grid|·(K+1) replicas sharing the point's data): each replica's loss is a weighted sum over the
+samples with weight 1 on its training samples and 0 elsewhere, so a fold student sees exactly its K−1 folds and
+the refit sees all n. The refit at λ* is then the already trained all-n replica of λ* (the same deterministic
+fit a second run would produce), and its metrics are the point's result.
+
+`run_phase_point` fits the semantic and positional initialisations together at one λ and says which reaches the
+lower training loss (the global minimum), for the phase diagram.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from pefusion import record as R
+from pefusion.config import ConfigError
+from pefusion.student import (GLOBAL_MIN, SECONDS, StudentConfig, attention_errors, config_record, fit_linear,
+                              fit_students, initial_q, point_data, point_metrics, rng)
+
+DEFAULT_FOLDS = 5
+DEFAULT_LAM_GRID: tuple[float, ...] = tuple(float(x) for x in np.logspace(-4, 0, 9))  # 1e-4 … 1
+
+# Keys of the CV result (not in pefusion.record yet).
+CV_CURVE = "cv_curve"
+CV_ERROR_MEAN = "cv_error_mean"
+CV_ERROR_STD = "cv_error_std"
+PHASE_INITS = ("semantic", "positional")
+
+
+def kfold_masks(n: int, folds: int, seed: int) -> torch.Tensor:
+    """Training masks of K-fold CV, (K, n) bool: row k is False exactly on fold k's held-out samples.
+
+    The held-out sets are disjoint, cover all n samples and differ in size by at most one; the assignment is a
+    permutation drawn from the seed's 'folds' stream, so it is deterministic for the seed."""
+    if not (isinstance(folds, int) and 2 <= folds <= n):
+        raise ConfigError(f"folds={folds!r} is out of range; it must be an integer in [2, n={n}]")
+    perm = torch.randperm(n, generator=rng(seed, "folds"))
+    fold_of = torch.empty(n, dtype=torch.long)
+    fold_of[perm] = torch.arange(n) * folds // n  # contiguous runs of the permutation: sizes differ by ≤ 1
+    return fold_of[None, :] != torch.arange(folds)[:, None]
+
+
+def _check_grid(lam_grid: Sequence[float]) -> tuple[float, ...]:
+    grid = tuple(float(x) for x in lam_grid)
+    if not grid or any(not (math.isfinite(x) and x >= 0) for x in grid):
+        raise ConfigError(f"lam_grid={list(lam_grid)!r} must be a non-empty list of finite values >= 0")
+    return grid
+
+
+def run_cv_point(point: StudentConfig, lam_grid: Sequence[float] = DEFAULT_LAM_GRID,
+                 folds: int = DEFAULT_FOLDS) -> dict:
+    """K-fold CV over the λ grid at one point, then the refit at λ* on all n samples.
+
+    The CV score of λ is the mean over folds of the validation error per held-out sample, ‖ŷ − y‖²/(2d) (the
+    ε_g normalisation); λ* is its argmin (the smallest λ on ties). Returns the point's identity, the refit's
+    eps_g (fresh samples), eps_t, m, theta, lam_star, the linear baseline's eps_lin, the curve
+    [{lam, cv_error_mean, cv_error_std (across folds, ddof=1)}, ...] and the wall time."""
+    start = time.perf_counter()
+    grid = _check_grid(lam_grid)
+    data = point_data(point)
+    n, n_lam = point.n, len(grid)
+    train_masks = torch.cat([kfold_masks(n, folds, point.seed), torch.ones(1, n, dtype=torch.bool)])  # (K+1, n)
+    # Replica order: λ-major, then folds 0..K−1, then the all-n refit.
+    weights = train_masks.repeat(n_lam, 1)  # (G·(K+1), n)
+    lam = torch.tensor(grid, dtype=torch.float64).repeat_interleave(folds + 1)  # (G·(K+1),)
+    q0 = initial_q(point.init, data.q_star, point.seed)[None].expand(weights.shape[0], -1, -1)
+    Q = fit_students(data.train, q0, lam, weights, optim=point.optim, lr=point.lr, iters=point.iters)
+    err = attention_errors(data.train, Q).double()  # (R, n)
+    held_out = (~weights).double()
+    val = ((err * held_out).sum(1) / held_out.sum(1).clamp_min(1)).view(n_lam, folds + 1)[:, :folds]  # (G, K)
+    mean, std = val.mean(1), val.std(1)
+    best = int(torch.argmin(mean))
+    refit = best * (folds + 1) + folds
+    metrics = point_metrics(data, Q[refit:refit + 1], lam[refit:refit + 1], fit_linear(data.train))[0]
+    curve = [{R.LAMBDA: grid[i], CV_ERROR_MEAN: float(mean[i]), CV_ERROR_STD: float(std[i])} for i in range(n_lam)]
+    return (config_record(point) | metrics
+            | {R.LAMBDA_STAR: grid[best], CV_CURVE: curve, SECONDS: time.perf_counter() - start})
+
+
+def run_phase_point(alpha: float, omega: float, sigma: float, lam: float, seed: int, d: int = 1000,
+                    **config: object) -> dict:
+    """Fit the semantic and positional initialisations (one batch of two) at a fixed λ.
+
+    `config` takes the other StudentConfig fields (optim, lr, iters, n_test, teacher_A, r, dtype). Returns
+    eps_t_*, eps_g_*, m_*, theta_* for * in (semantic, positional), eps_lin, global_min (the initialisation with
+    the lower training loss) and the point's identity."""
+    start = time.perf_counter()
+    point = StudentConfig(d=d, alpha=alpha, omega=omega, sigma=sigma, lam=lam, seed=seed, init="semantic",
+                          **config)
+    data = point_data(point)
+    q0 = torch.stack([initial_q(init, data.q_star, seed) for init in PHASE_INITS])  # (2, d, r)
+    lam_t = torch.full((len(PHASE_INITS),), float(lam))
+    Q = fit_students(data.train, q0, lam_t, optim=point.optim, lr=point.lr, iters=point.iters)
+    per_init = point_metrics(data, Q, lam_t, fit_linear(data.train))
+    out = {k: v for k, v in config_record(point).items() if k != R.INIT}
+    for init, metrics in zip(PHASE_INITS, per_init):
+        out |= {f"{key}_{init}": metrics[key] for key in (R.EPS_T, R.EPS_G, R.M, R.THETA)}
+    out[R.EPS_LIN] = per_init[0][R.EPS_LIN]
+    out[GLOBAL_MIN] = min(PHASE_INITS, key=lambda init: out[f"{R.EPS_T}_{init}"])
+    return out | {SECONDS: time.perf_counter() - start}
+
