@@ -117,12 +117,13 @@ _UNIT = dict(lo=0, hi=1)
 # checks; int fields not listed must be positive (config.py's default), the others are named here.
 _PEFUSION_CHOICES = {record.PE_TYPE: PE_TYPES, record.FUSION: FUSIONS, "activation": ACTIVATIONS,
                      "optimizer": OPTIMIZERS, "precision": PRECISIONS, "device": DEVICES}
-_PEFUSION_RANGES = {"lr": _POSITIVE, "dropout": dict(lo=0, hi=1, hi_open=True), "weight_decay": _NONNEG,
+_PEFUSION_RANGES = {"lr": _POSITIVE, "dropout": dict(lo=0, hi=1, hi_open=True),
+                    "attn_dropout": dict(lo=0, hi=1, hi_open=True), "weight_decay": _NONNEG,
                     "grad_clip": _NONNEG, "min_delta": _NONNEG, "timing_warmup": _NONNEG, record.SEED: _NONNEG}
 
 
 def _pefusion_rule(name: str, default: Any) -> KeyRule:
-    kind = type(default)
+    kind = float if default is None else type(default)  # optional floats (attn_dropout) default to None
     if name in _PEFUSION_CHOICES:
         return KeyRule(kind, choices=_PEFUSION_CHOICES[name])
     if kind in (int, float):

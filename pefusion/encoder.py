@@ -1,0 +1,143 @@
+"""The PE-fusion classifier (SPEC §1): embed, fuse position, encode, mean-pool, classify.
+
+    E = Embedding(V, d, padding_idx=0)(x) · √d          # (B, T, d)
+    H = fuse(E, P)                                      # P (1, T, d) from the input PE
+    H = EncoderLayer^L(H, key padding mask x == 0)      # nn.TransformerEncoderLayer semantics
+    logits = Linear(d, C)(mean of H over non-pad tokens)
+
+`EncoderLayer` has exactly the parameters of nn.TransformerEncoderLayer (same names, so state_dicts are
+interchangeable) but runs attention through F.scaled_dot_product_attention, with hooks for the attention-level
+PEs (`rotary` on q/k, `alibi` on the logits). Like nn.TransformerEncoder with its default `norm=None`, there is
+no final LayerNorm after the stack, also with pre-LN; this keeps the parameter count equal to the paper's model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pefusion.config import ConfigError, ModelConfig
+from pefusion.fusion import build_fusion
+from pefusion.positional import ALiBi, Rotary, build_positional
+
+
+class SelfAttention(nn.Module):
+    """nn.MultiheadAttention's parameters (packed in_proj (3d, d) + bias, out_proj Linear(d, d)), SDPA inside."""
+
+    def __init__(self, d: int, nhead: int, dropout: float):
+        super().__init__()
+        self.nhead, self.dropout = nhead, dropout
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d, d))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * d))
+        self.out_proj = nn.Linear(d, d)
+        # nn.MultiheadAttention's init
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
+        """x (B, T, d); attn_mask bool (B, 1, 1, T) True = attend, or float logit bias (B, H, T, T)."""
+        B, T, d = x.shape
+        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (B, T, 3d)
+        q, k, v = qkv.view(B, T, 3, self.nhead, d // self.nhead).permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
+        if rotary is not None:
+            q, k = rotary(q), rotary(k)
+        if attn_mask.is_floating_point() and attn_mask.dtype != q.dtype:  # autocast runs q in bf16
+            attn_mask = attn_mask.to(q.dtype)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                           dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, hd)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, d))
+
+
+class EncoderLayer(nn.Module):
+    """nn.TransformerEncoderLayer(d, nhead, dim_ff, dropout, activation, batch_first=True, norm_first), rebuilt.
+
+    Dropout sits where PyTorch puts it: on the attention probabilities, after out_proj (dropout1), inside the
+    feed-forward after the activation (dropout) and after linear2 (dropout2).
+    """
+
+    def __init__(self, d: int, nhead: int, dim_ff: int, dropout: float, activation: str, norm_first: bool,
+                 attn_dropout: float | None = None):
+        super().__init__()
+        self.self_attn = SelfAttention(d, nhead, dropout if attn_dropout is None else attn_dropout)
+        self.linear1, self.linear2 = nn.Linear(d, dim_ff), nn.Linear(dim_ff, d)
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.dropout, self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
+        self.activation = F.gelu if activation == "gelu" else F.relu
+        self.norm_first = norm_first
+
+    def _attend(self, x: torch.Tensor, attn_mask: torch.Tensor, rotary: Rotary | None) -> torch.Tensor:
+        return self.dropout1(self.self_attn(x, attn_mask, rotary))
+
+    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
+        """x (B, T, d) -> (B, T, d); attn_mask as in `SelfAttention.forward`."""
+        if self.norm_first:
+            x = x + self._attend(self.norm1(x), attn_mask, rotary)
+            return x + self._feed_forward(self.norm2(x))
+        x = self.norm1(x + self._attend(x, attn_mask, rotary))
+        return self.norm2(x + self._feed_forward(x))
+
+
+class PEFusionClassifier(nn.Module):
+    """Document classifier of the PE-fusion study. Keeps `config`, `vocab_size` and `num_classes` so that a
+    checkpoint (state_dict + these three) rebuilds it with `build_model_from_config`."""
+
+    def __init__(self, config: ModelConfig, vocab_size: int, num_classes: int):
+        super().__init__()
+        self.config, self.vocab_size, self.num_classes = config, vocab_size, num_classes
+        d = config.d_model
+        self.embed = nn.Embedding(vocab_size, d, padding_idx=0)
+        self.positional = build_positional(config)
+        self.fuse = build_fusion(config)
+        self.layers = nn.ModuleList(
+            EncoderLayer(d, config.nhead, config.dim_ff, config.dropout, config.activation, config.norm_first,
+                         config.attn_dropout)
+            for _ in range(config.num_layers)
+        )
+        self.head = nn.Linear(d, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T) token ids, 0 = padding -> logits (B, C)."""
+        T = x.shape[1]
+        if T > self.config.max_len:
+            raise ValueError(f"input length {T} exceeds the model's max_len={self.config.max_len}: "
+                             f"truncate documents to at most max_len tokens or build the model with a larger max_len")
+        pad = x == 0  # (B, T)
+        h = self.embed(x) * math.sqrt(self.config.d_model)  # (B, T, d)
+        if self.config.fusion != "none":
+            h = self.fuse(h, self.positional(T), pad)
+        # A document of padding only would give all-masked softmax rows (NaN): let it attend everywhere; its
+        # pooled vector is zero anyway.
+        attend = ~pad | pad.all(dim=1, keepdim=True)  # (B, T)
+        attn_mask = attend[:, None, None, :]  # (B, 1, 1, T), broadcast over heads and queries inside SDPA
+        if isinstance(self.positional, ALiBi):  # a logit bias (1, H, T, T); padded batches need a copy per document
+            bias = self.positional(T)
+            attn_mask = bias if attend.all() else bias.masked_fill(~attn_mask, float("-inf"))  # (B, H, T, T)
+        rotary = self.positional if isinstance(self.positional, Rotary) else None
+        for layer in self.layers:
+            h = layer(h, attn_mask, rotary)
+        keep = (~pad).unsqueeze(-1).to(h.dtype)  # (B, T, 1)
+        pooled = (h * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)  # (B, d)
+        return self.head(pooled)
+
+
+def build_model_from_config(cfg: ModelConfig, vocab_size: int, num_classes: int) -> PEFusionClassifier:
+    """The classifier for an already validated ModelConfig."""
+    if vocab_size < 2 or num_classes < 2:
+        raise ConfigError(f"vocab_size={vocab_size} and num_classes={num_classes} must both be >= 2")
+    return PEFusionClassifier(cfg, vocab_size, num_classes)
+
+
+def build_model(vocab_size: int, num_classes: int, **hparams) -> PEFusionClassifier:
+    """The classifier for ModelConfig field values (`d_model`, `pe_type`, `fusion`, ...); defaults = the paper's
+    ArXiv model. Unknown names and incompatible choices raise ConfigError naming the fix."""
+    allowed = [f.name for f in dataclasses.fields(ModelConfig)]
+    unknown = sorted(set(hparams) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown model hyperparameter {unknown[0]!r}; allowed: {', '.join(allowed)}")
+    return build_model_from_config(ModelConfig(**hparams), vocab_size, num_classes)

@@ -1,0 +1,337 @@
+"""The PE-fusion classifier: every allowed (pe_type, fusion) pair, the PE tables against their closed forms, the
+fusion operators, and equivalence with PyTorch's nn.TransformerEncoderLayer. Tiny sizes: runs in seconds."""
+from __future__ import annotations
+
+import dataclasses
+import io
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from pefusion import ConfigError, ModelConfig, build_model, build_model_from_config
+from pefusion.config import FUSIONS, PAPER_FUSIONS, PAPER_PE_TYPES, PE_TYPES, allowed_pairs
+from pefusion.encoder import EncoderLayer
+from pefusion.fusion import build_fusion
+from pefusion.positional import ALiBi, PaperRelative, PaperRope, Rotary, Sinusoidal, build_positional
+
+V, C, D, NHEAD, FF, LAYERS, MAX_LEN, KERNEL = 50, 3, 16, 2, 24, 2, 20, 3
+PAIRS = allowed_pairs()
+PAIR_IDS = [f"{pe}-{fu}" for pe, fu in PAIRS]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and spinning threads crawl when the other core is busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(pe_type: str, fusion: str, seed: int = 0, **overrides) -> nn.Module:
+    torch.manual_seed(seed)
+    hp = dict(d_model=D, nhead=NHEAD, num_layers=LAYERS, dim_ff=FF, dropout=0.1, max_len=MAX_LEN,
+              gate_kernel=KERNEL, pe_type=pe_type, fusion=fusion) | overrides
+    return build_model(V, C, **hp)
+
+
+def documents(*lengths: int, T: int, seed: int = 1) -> torch.Tensor:
+    """Right-padded token ids (len(lengths), T), ids in 1..V-1."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.zeros(len(lengths), T, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        x[row, :n] = torch.randint(1, V, (n,), generator=g)
+    return x
+
+
+# ---------------------------------------------------------------------------------------------------------
+# every allowed pair
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_allowed_pairs_cover_the_study():
+    assert len(PAIRS) == 42  # 4 paper PEs × 8 input fusions + none × 8 + rotary + alibi
+    assert {(pe, fu) for pe in PAPER_PE_TYPES for fu in PAPER_FUSIONS} <= set(PAIRS)
+
+
+@pytest.mark.parametrize("pe_type,fusion", PAIRS, ids=PAIR_IDS)
+def test_forward_backward_shapes_and_finite(pe_type, fusion):
+    model = tiny_model(pe_type, fusion).train()
+    x = documents(20, 13, 5, T=20)
+    logits = model(x)
+    assert logits.shape == (3, C) and torch.isfinite(logits).all()
+    nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2])).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+    assert model.head.weight.grad.abs().sum() > 0 and model.layers[0].self_attn.in_proj_weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("pe_type,fusion", PAIRS, ids=PAIR_IDS)
+def test_padding_does_not_change_logits(pe_type, fusion):
+    model = tiny_model(pe_type, fusion).eval()
+    short, long = documents(7, 12, T=12), documents(7, 12, T=20)
+    with torch.no_grad():
+        alone = model(short[:1, :7])  # no padding at all
+        a, b = model(short), model(long)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    torch.testing.assert_close(a[:1], alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("pe_type,fusion", PAIRS, ids=PAIR_IDS)
+def test_token_order_matters_exactly_when_there_is_a_position_signal(pe_type, fusion):
+    model = tiny_model(pe_type, fusion).eval()
+    x = documents(15, T=15)
+    with torch.no_grad():
+        logits, shuffled = model(x), model(x[:, torch.randperm(15, generator=torch.Generator().manual_seed(3))])
+    if pe_type == "none":  # the order-blind ablation: attention + mean pooling are permutation invariant
+        torch.testing.assert_close(logits, shuffled, atol=1e-5, rtol=0)
+    else:
+        assert (logits - shuffled).abs().max() > 1e-4
+
+
+def expected_param_count(pe_type: str, fusion: str, V: int, C: int, d: int, ff: int, layers: int, max_len: int,
+                         kernel: int) -> int:
+    """The paper model's parameter count, written out by hand (not read from any module)."""
+    pe = max_len * d if pe_type in ("learned", "relative") else 0
+    mlp = (2 * d * d + d) + (d * d + d)
+    fuse = {"add": 0, "mul": 0, "none": 0, "concat": 2 * d * d + d, "gate_scalar": 2 * d + 1,
+            "gate_vector": 2 * d * d + d, "mlp": mlp, "mlp_gate": mlp, "gate_cnn": d * kernel + d}[fusion]
+    layer = (4 * d * d + 4 * d) + (2 * d * ff + ff + d) + 4 * d  # attention, feed-forward, two LayerNorms
+    return V * d + pe + fuse + layers * layer + (d * C + C)
+
+
+@pytest.mark.parametrize("pe_type,fusion", PAIRS, ids=PAIR_IDS)
+def test_parameter_count_matches_the_formula(pe_type, fusion):
+    model = tiny_model(pe_type, fusion)
+    assert sum(p.numel() for p in model.parameters()) == expected_param_count(
+        pe_type, fusion, V, C, D, FF, LAYERS, MAX_LEN, KERNEL)
+
+
+def test_paper_arxiv_model_size():
+    # The ArXiv preset's sinusoidal+add model with an 11-class head and a 50 000-word vocabulary.
+    model = build_model(50_000, 11)
+    assert sum(p.numel() for p in model.parameters()) == 50_000 * 128 + 2 * (4 * 128**2 + 4 * 128 + 2 * 128 * 256
+                                                                             + 256 + 128 + 4 * 128) + 128 * 11 + 11
+    layer_formula = 4 * D * D + 4 * D + 2 * D * FF + FF + D + 4 * D
+    assert sum(p.numel() for p in nn.TransformerEncoderLayer(D, NHEAD, FF).parameters()) == layer_formula
+
+
+# ---------------------------------------------------------------------------------------------------------
+# configuration
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pe_type,fusion", sorted(set(itertools.product(PE_TYPES, FUSIONS)) - set(PAIRS)))
+def test_disallowed_pairs_are_rejected(pe_type, fusion):
+    with pytest.raises(ConfigError):
+        tiny_model(pe_type, fusion)
+
+
+@pytest.mark.parametrize("pe_type,fusion,fix", [("rotary", "add", "fusion='none'"), ("alibi", "gate_cnn", "fusion='none'"),
+                                                 ("learned", "none", "'add'"), ("none", "mul", "'add'")])
+def test_rejection_names_the_fix(pe_type, fusion, fix):
+    with pytest.raises(ConfigError, match=fix):
+        tiny_model(pe_type, fusion)
+
+
+def test_unknown_hyperparameter_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown model hyperparameter 'd_modle'"):
+        build_model(V, C, d_modle=16)
+
+
+def test_model_keeps_what_a_checkpoint_needs_and_rebuilds_from_it():
+    model = tiny_model("relative", "gate_cnn").eval()
+    buffer = io.BytesIO()
+    torch.save({"state_dict": model.state_dict(), "config": dataclasses.asdict(model.config),
+                "vocab_size": model.vocab_size, "num_classes": model.num_classes}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    rebuilt = build_model_from_config(ModelConfig(**saved["config"]), saved["vocab_size"], saved["num_classes"])
+    rebuilt.load_state_dict(saved["state_dict"])
+    x = documents(9, 4, T=10)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt.eval()(x), model(x))
+
+
+def test_fixed_tables_stay_out_of_the_checkpoint():
+    keys = tiny_model("sinusoidal", "add").state_dict().keys()
+    assert not any(k.startswith("positional.") for k in keys)
+    assert "positional.table" in tiny_model("relative", "add").state_dict()
+
+
+@pytest.mark.parametrize("pe_type,fusion", [("sinusoidal", "add"), ("learned", "add"), ("relative", "concat"),
+                                            ("rotary", "none"), ("alibi", "none"), ("none", "none")])
+def test_sequences_longer_than_max_len_are_refused(pe_type, fusion):
+    model = tiny_model(pe_type, fusion)
+    model(documents(MAX_LEN, T=MAX_LEN))  # exactly max_len is fine
+    with pytest.raises(ValueError, match=f"exceeds the model's max_len={MAX_LEN}"):
+        model(documents(5, T=MAX_LEN + 1))
+
+
+@pytest.mark.parametrize("pe_type,fusion", [("sinusoidal", "gate_cnn"), ("learned", "mlp_gate"), ("alibi", "none"),
+                                            ("rotary", "none")])
+def test_all_padding_document_gives_finite_logits(pe_type, fusion):
+    model = tiny_model(pe_type, fusion).train()
+    x = documents(0, 6, T=8)
+    logits = model(x)
+    assert torch.isfinite(logits).all()
+    logits.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x)[0], model.head.bias)  # pooled vector of nothing = 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# positional schemes against their closed forms
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_sinusoidal_table_closed_form():
+    P = Sinusoidal(max_len=100, d=D)(60)
+    assert P.shape == (1, 60, D)
+    for t, i in [(0, 0), (1, 0), (7, 3), (59, 7), (33, 5)]:
+        angle = t / 10000 ** (2 * i / D)
+        assert P[0, t, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+        assert P[0, t, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_paper_rope_is_concat_of_sin_and_cos_not_a_rotation():
+    P = PaperRope(max_len=100, d=D)(60)
+    assert P.shape == (1, 60, D)
+    for t, i in [(0, 0), (1, 0), (7, 3), (59, 7), (33, 5)]:
+        f = 10000 ** (-2 * i / D)
+        assert P[0, t, i].item() == pytest.approx(math.sin(t * f), abs=1e-6)
+        assert P[0, t, D // 2 + i].item() == pytest.approx(math.cos(t * f), abs=1e-6)
+
+
+def test_paper_relative_table_is_standard_normal_and_sliced():
+    torch.manual_seed(0)
+    pe = PaperRelative(max_len=4096, d=64)
+    assert pe.table.shape == (4096, 64)
+    assert abs(pe.table.mean().item()) < 0.01 and abs(pe.table.std().item() - 1) < 0.01
+    torch.testing.assert_close(pe(10), pe.table[:10].unsqueeze(0))
+
+
+def test_learned_and_none_positions():
+    cfg = ModelConfig(d_model=D, nhead=NHEAD, max_len=MAX_LEN, pe_type="learned")
+    pe = build_positional(cfg)
+    torch.testing.assert_close(pe(7), pe.embed(torch.arange(7)).unsqueeze(0))
+    zeros = build_positional(dataclasses.replace(cfg, pe_type="none"))(7)
+    assert zeros.shape == (1, 7, D) and not zeros.any()
+
+
+def test_rotary_scores_depend_on_relative_position_only():
+    hd, T = 8, 20
+    rotary = Rotary(max_len=32, head_dim=hd)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(hd, generator=g), torch.randn(hd, generator=g)
+    Q, K = rotary(q.expand(T, hd)), rotary(k.expand(T, hd))  # row t: the vector rotated to position t
+    torch.testing.assert_close(Q.norm(dim=-1), q.norm().expand(T))  # a rotation
+    scores = Q @ K.T  # (T, T): score of query at m with key at n
+    for shift in (1, 5, 11):
+        torch.testing.assert_close(scores[shift:, shift:], scores[:-shift, :-shift], atol=1e-5, rtol=0)
+    assert (scores[0] - scores[0, 0]).abs().max() > 1e-2  # but it does depend on m - n
+    torch.testing.assert_close(scores[0, 0], q @ k)  # position 0 is the identity
+
+
+def test_rotary_acts_per_head_on_queries_and_keys():
+    x = torch.randn(2, NHEAD, 5, D // NHEAD)
+    rotary = Rotary(max_len=MAX_LEN, head_dim=D // NHEAD)
+    torch.testing.assert_close(rotary(x)[:, 1], rotary(x[:, 1]))  # heads are rotated alike and independently
+
+
+def test_alibi_bias_is_minus_slope_times_distance():
+    T = 9
+    for nhead, slopes in [(2, [2**-4, 2**-8]), (8, [2.0**-h for h in range(1, 9)]),
+                          (6, [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3])]:
+        bias = ALiBi(nhead)(T)
+        assert bias.shape == (1, nhead, T, T)
+        i, j = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
+        for h, m in enumerate(slopes):
+            torch.testing.assert_close(bias[0, h], -m * (i - j).abs().float())
+            for n in range(T):  # a function of |i - j| alone
+                assert torch.unique(bias[0, h][(i - j).abs() == n]).numel() == 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fusion operators
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fusion", FUSIONS)
+def test_fusion_operator_values(fusion):
+    torch.manual_seed(0)
+    op = build_fusion(ModelConfig(d_model=D, nhead=NHEAD, pe_type="rotary" if fusion == "none" else "sinusoidal",
+                                  fusion=fusion, gate_kernel=KERNEL))
+    E, P = torch.randn(2, 6, D), torch.randn(1, 6, D)
+    H = op(E, P, torch.zeros(2, 6, dtype=torch.bool))
+    assert H.shape == (2, 6, D)
+    expected = {"add": E + P, "mul": E * P, "none": E}
+    if fusion in expected:
+        torch.testing.assert_close(H, expected[fusion])
+    elif fusion in ("concat", "mlp"):
+        torch.testing.assert_close(H, op.net(torch.cat([E, P.expand_as(E)], dim=-1)))
+    else:  # gates: a convex combination, so E == P gives back E, and H lies between E and P
+        same = E[:1]
+        torch.testing.assert_close(op(same, same, None), same)
+        lo, hi = torch.minimum(E, P), torch.maximum(E, P)
+        assert ((H >= lo - 1e-6) & (H <= hi + 1e-6)).all()
+
+
+def test_gate_scalar_has_one_gate_per_position():
+    op = build_fusion(ModelConfig(d_model=D, nhead=NHEAD, fusion="gate_scalar"))
+    E, P = torch.randn(1, 4, D), torch.randn(1, 4, D)
+    g = (op(E, P) - P) / (E - P)  # (1, 4, D): the gate, the same in every feature
+    torch.testing.assert_close(g, g[..., :1].expand_as(g), atol=1e-4, rtol=1e-4)
+
+
+def test_gate_cnn_ignores_positions_behind_padding():
+    torch.manual_seed(0)
+    op = build_fusion(ModelConfig(d_model=D, nhead=NHEAD, fusion="gate_cnn", gate_kernel=5))
+    E, P = torch.randn(1, 10, D), torch.randn(1, 10, D)
+    pad = torch.arange(10)[None, :] >= 6
+    torch.testing.assert_close(op(E, P, pad)[:, :6], op(E[:, :6], P[:, :6], None))
+    assert (op(E, P, None)[:, 5] - op(E[:, :6], P[:, :6], None)[:, 5]).abs().max() > 1e-4  # the mask is needed
+
+
+# ---------------------------------------------------------------------------------------------------------
+# equivalence with PyTorch's encoder
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+@pytest.mark.parametrize("grad_enabled", [True, False], ids=["slow_path", "fast_path"])
+def test_encoder_layer_equals_torch_transformer_encoder_layer(norm_first, activation, grad_enabled):
+    torch.manual_seed(0)
+    reference = nn.TransformerEncoderLayer(D, NHEAD, FF, 0.1, activation=activation, batch_first=True,
+                                           norm_first=norm_first).eval()
+    layer = EncoderLayer(D, NHEAD, FF, 0.1, activation, norm_first).eval()
+    layer.load_state_dict(reference.state_dict())  # same names and shapes, strictly
+    x, pad = torch.randn(3, 11, D), documents(11, 7, 3, T=11) == 0
+    with torch.set_grad_enabled(grad_enabled):
+        expected = reference(x, src_key_padding_mask=pad)
+        got = layer(x, (~pad)[:, None, None, :])
+    real = ~pad  # PyTorch's fast path (no grad) leaves padded positions undefined
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+def test_classifier_equals_paper_model_built_from_torch_modules(norm_first, activation):
+    model = tiny_model("learned", "gate_scalar", norm_first=norm_first, activation=activation).eval()
+    stack = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(D, NHEAD, FF, 0.1, activation=activation, batch_first=True, norm_first=norm_first),
+        num_layers=LAYERS, enable_nested_tensor=False).eval()
+    for ours, theirs in zip(model.layers, stack.layers):
+        theirs.load_state_dict(ours.state_dict())
+    x = documents(20, 9, 14, T=20)
+    pad = x == 0
+    with torch.no_grad():
+        H = model.fuse(model.embed(x) * math.sqrt(D), model.positional(20), pad)
+        out = stack(H, src_key_padding_mask=pad)
+        mask = (~pad).unsqueeze(-1).float()
+        expected = model.head((out * mask).sum(1) / mask.sum(1))
+        torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=0)
