@@ -117,9 +117,9 @@ def length_bucket_figure(buckets: pd.DataFrame, dataset: str) -> Figure:
     for ax, pe in zip(axes.flat, pes):
         rows = buckets[buckets["pe_type"] == pe]
         fusions = list(dict.fromkeys(rows["fusion"]))
-        for fu, color in zip(fusions, _colors(len(fusions))):
+        for fu, color, dx in zip(fusions, _colors(len(fusions)), _offsets(len(fusions), 0.2)):
             line = rows[rows["fusion"] == fu].set_index("bucket").reindex(labels)
-            ax.errorbar(range(len(labels)), line["test_acc_mean"], yerr=np.nan_to_num(line["test_acc_std"]),
+            ax.errorbar(np.arange(len(labels)) + dx, line["test_acc_mean"], yerr=np.nan_to_num(line["test_acc_std"]),
                         marker="o", ms=4, capsize=3, color=color, label=fu)
         docs = rows.groupby("bucket")["n_docs_mean"].mean().reindex(labels)
         ax.set_xticks(range(len(labels)),
@@ -169,14 +169,15 @@ def _groups(frame: pd.DataFrame, keys: Sequence[str]) -> list[tuple[str, pd.Data
     for (values, rows), color in zip(groups, _colors(len(groups))):
         values = dict(zip(keys, values))
         label = ", ".join(f"{_SYMBOL.get(k, k)}={values[k]:g}" if isinstance(values[k], float) else str(values[k])
-                          for k in shown)
+                          for k in shown if not pd.isna(values[k]))
         out.append((label, rows.sort_values(R.ALPHA), color))
     return out
 
 
-def _alpha_lines(ax, omegas: Sequence[float], alpha_c: Curve | None, alpha_l: Curve | None) -> None:
-    """Vertical lines at the published α_c(ω) (dashed) and α_l(ω) (dotted) for each ω on the plot."""
-    for omega, color in zip(omegas, _colors(len(omegas))):
+def _alpha_lines(ax, omega_colors: Mapping[float, tuple], alpha_c: Curve | None, alpha_l: Curve | None) -> None:
+    """Vertical lines at the published α_c(ω) (dashed) and α_l(ω) (dotted) for each ω on the plot, in the
+    colour of that ω's first series."""
+    for omega, color in omega_colors.items():
         for curve, style, name in ((alpha_c, "--", "α_c"), (alpha_l, ":", "α_l")):
             value = A.interpolate_curve(curve, omega) if curve else math.nan
             if not math.isnan(value):
@@ -188,14 +189,17 @@ def student_delta_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
     """Δε_t and Δε_g = ε(positional) − ε(semantic) against α (mean ± std over seeds), one line per ω, with
     the published α_c(ω) and α_l(ω). Above zero the semantic solution is lower."""
     fig, axes = new_figure(1, 2, size=(11.0, 4.2))
-    groups = _groups(delta_summary, [k for k in A.DELTA_GROUP if k != R.ALPHA])
-    omegas = sorted(delta_summary[R.OMEGA].dropna().unique())
+    keys = [k for k in A.DELTA_GROUP if k != R.ALPHA]
+    groups = _groups(delta_summary, keys)
+    omega_colors: dict[float, tuple] = {}
+    for _, rows, color in groups:
+        omega_colors.setdefault(float(rows[R.OMEGA].iloc[0]), color)
     for ax, quantity, name in zip(axes[0], ("delta_eps_t", "delta_eps_g"), ("ε_t", "ε_g")):
         for label, rows, color in groups:
             mean, std = rows[f"{quantity}_mean"].to_numpy(float), np.nan_to_num(rows[f"{quantity}_std"])
             ax.plot(rows[R.ALPHA], mean, marker="o", ms=3, color=color, label=label)
             ax.fill_between(rows[R.ALPHA], mean - std, mean + std, color=color, alpha=0.2, lw=0)
-        _alpha_lines(ax, omegas, alpha_c, alpha_l)
+        _alpha_lines(ax, omega_colors, alpha_c, alpha_l)
         ax.axhline(0.0, color="gray", lw=0.8)
         ax.set_xlabel("α = n / d")
         ax.set_ylabel(f"Δ{name} = {name}(positional) − {name}(semantic)")
@@ -226,8 +230,9 @@ def lambda_star_figure(summary: pd.DataFrame) -> Figure | None:
         return None
     fig, axes = new_figure()
     ax = axes[0, 0]
-    for label, rows, color in _groups(rows_cv, [R.OMEGA, R.SIGMA, R.D, R.INIT]):
-        ax.plot(rows[R.ALPHA], rows[f"{R.LAMBDA_STAR}_mean"], marker="o", ms=4, color=color, label=label)
+    for (label, rows, color), marker in zip(_groups(rows_cv, [R.OMEGA, R.SIGMA, R.D, R.INIT]), "os^vD<>" * 10):
+        ax.plot(rows[R.ALPHA], rows[f"{R.LAMBDA_STAR}_mean"], marker=marker, ms=5, color=color, label=label,
+                alpha=0.8)
     ax.set_yscale("log")
     ax.set_xlabel("α = n / d")
     ax.set_ylabel("λ* (cross-validated, mean over seeds)")

@@ -64,15 +64,17 @@ def write_table1(trials: pd.DataFrame, out: str | Path) -> list[Path]:
     return paths
 
 
-def write_paired_deltas(trials: pd.DataFrame, out: str | Path, baseline: str = "add") -> list[Path]:
-    """paired_deltas_<dataset>.csv, paired_deltas_per_seed_<dataset>.csv (pp) and one Fig. 3-style figure per PE."""
+def write_paired_deltas(trials: pd.DataFrame, out: str | Path, baseline: str = "add",
+                        figures: bool = True) -> list[Path]:
+    """paired_deltas_<dataset>.csv, paired_deltas_per_seed_<dataset>.csv (pp) and, with `figures`, one Fig. 3-style
+    figure per PE."""
     out, paths = Path(out), []
     for dataset, runs in _per_dataset(trials):
         slug = A.dataset_slug(dataset)
         summary, per_seed = A.paired_deltas(runs, baseline)
         paths.append(_write_csv(summary, out / f"paired_deltas_{slug}.csv"))
         paths.append(_write_csv(per_seed, out / f"paired_deltas_per_seed_{slug}.csv"))
-        for pe in dict.fromkeys(summary["pe_type"]):
+        for pe in dict.fromkeys(summary["pe_type"]) if figures else ():
             paths.append(F.save_figure(F.paired_delta_figure(summary, per_seed, pe, dataset), out / "figures",
                                        f"paired_deltas_{slug}_{A.dataset_slug(pe)}"))
     return paths
@@ -163,7 +165,7 @@ def report_kind(sweep: A.Sweep) -> str:
 
 def _pefusion_sections(trials: pd.DataFrame, out: Path, baseline: str) -> tuple[list[str], list[Path]]:
     parts, written = [], []
-    written += write_table1(trials, out) + write_paired_deltas(trials, out, baseline)
+    written += write_table1(trials, out) + write_paired_deltas(trials, out, baseline, figures=False)
     written += write_pefusion_summaries(trials, out)
     figures = write_figures(trials, out, baseline)
     for dataset, runs in _per_dataset(trials):

@@ -1,0 +1,35 @@
+"""Table 1 from the MLflow runs: test accuracy (%, mean ± sample std over seeds), parameters and latency per
+(PE, fusion), one table per dataset, written as table1_<dataset>.csv, .md and .tex; for the ArXiv dataset the
+paper's Table 3 values stand beside ours.
+
+    python scripts/make_table1.py                      # every finished trial run of experiment pe-fusion
+    python scripts/make_table1.py --parent-run 1a2b3c4d --out results/
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from pefusion.analysis import load_sweep, notes
+from pefusion.cli import run_main
+from pefusion.report import add_source_flags, write_table1
+from pefusion.tracking import PEFUSION_EXPERIMENT
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_source_flags(parser, PEFUSION_EXPERIMENT)
+    args = parser.parse_args(argv)
+    sweep = load_sweep(args.tracking_uri, args.experiment, args.parent_run)
+    for note in notes(sweep):
+        print(f"note: {note}", file=sys.stderr)
+    for path in write_table1(sweep.trials, args.out):
+        if path.suffix == ".md":
+            print(path.read_text())
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

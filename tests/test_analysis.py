@@ -1,0 +1,425 @@
+"""Analysis and reports from MLflow: a sqlite store built through the MLflow API with known numbers, and the
+tables, figures and HTML report checked against numbers computed here (and scipy's tests on the same numbers)."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from pefusion import analysis as A
+from pefusion import record as R
+from pefusion.report import build_report
+
+from conftest import REPO, load_script
+
+ARXIV = "ccdv/arxiv-classification"
+PES, FUSIONS, SEEDS = ("sinusoidal", "learned"), ("add", "concat", "gate_scalar"), (0, 1, 2)
+MISSING = ("learned", "concat", 2)  # never run: its partner seed is unpaired
+FAILED = ("sinusoidal", "gate_scalar", 2)  # diverged: listed, counted, excluded
+COMMAND = "python sweeps/arxiv_grid.py --preset demo --smoke"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+ALPHAS_CV, ALPHAS_PHASE, OMEGAS_PHASE = (0.4, 0.8, 1.2, 1.6), (0.5, 1.0, 1.5), (0.0, 0.3)
+ALPHA_C = {0.0: 0.548, 0.3: 1.241}
+ALPHA_L = {0.0: 0.722, 0.3: 1.4506}
+
+
+def accuracy(pe: str, fu: str, seed: int) -> float:
+    """Known test accuracies (fractions); the per-seed wobble scales with the fusion so deltas vary by seed."""
+    return 0.55 + 0.04 * FUSIONS.index(fu) + 0.02 * PES.index(pe) + (0.011, -0.007, 0.019)[seed] * (
+        1 + FUSIONS.index(fu)) + 0.003 * seed * PES.index(pe)
+
+
+def latency(fu: str, seed: int) -> float:
+    return 1.0 + 0.1 * FUSIONS.index(fu) + 0.01 * seed
+
+
+def student_eps_t(init: str, alpha: float, seed: int) -> float:
+    """Positional lower below α = 1, semantic lower above: Δε_t = 0.1 (α − 1) + 0.001 seed."""
+    return 0.3 + (0.1 * (alpha - 1.0) + 0.001 * seed if init == "positional" else 0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The store
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _metrics(values: dict, step: int = 0, t: int = 0):
+    from mlflow.entities import Metric
+    return [Metric(k, float(v), t, step) for k, v in values.items()]
+
+
+def _params(values: dict):
+    from mlflow.entities import Param
+    return [Param(k, str(v)) for k, v in values.items()]
+
+
+def _parent(client, exp_id: str, sweep: str, start: int) -> str:
+    run = client.create_run(exp_id, start_time=start, tags={
+        R.TAG_ROLE: "sweep", R.TAG_SWEEP: sweep, R.TAG_COMMAND: COMMAND, R.TAG_GIT_COMMIT: COMMIT,
+        R.TAG_SEARCH_SPACE: f"search_spaces/{sweep}.yaml", R.TAG_RAY_ADDRESS: "local"})
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+def _trial(client, exp_id: str, parent: str | None, trial_id: str, params: dict, metrics: dict, start: int,
+           status: str = R.STATUS_OK, error: str = "", epochs: int = 0, tags: bool = True) -> str:
+    run_tags = {R.TAG_PARENT: parent, R.TAG_ROLE: "trial", R.TAG_TRIAL_ID: trial_id, R.TAG_STATUS: status} \
+        if tags else {}
+    if error:
+        run_tags[R.TAG_ERROR] = error
+    run = client.create_run(exp_id, start_time=start, tags=run_tags)
+    rid = run.info.run_id
+    per_epoch = [m for e in range(1, epochs + 1) for m in _metrics(
+        {R.TRAIN_LOSS: 1.0 / e, R.VAL_LOSS: 1.1 / e, R.VAL_ACC: 0.4 + 0.05 * e}, step=e)]
+    client.log_batch(rid, metrics=per_epoch + _metrics(metrics, step=epochs), params=_params(params))
+    client.set_terminated(rid, "FINISHED" if status == R.STATUS_OK else "FAILED")
+    return rid
+
+
+def _build_store(root: Path) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    art = (root / "artifacts").as_uri()
+    ids = {name: client.create_experiment(name, artifact_location=f"{art}/{name}")
+           for name in ("pe-fusion", "student-attention", "broken", "empty", "other-tool")}
+    t0 = 1_700_000_000_000
+
+    # pe-fusion: an older sweep with one run that a newer sweep repeats, then the sweep under test.
+    old = _parent(client, ids["pe-fusion"], "arxiv_grid", t0)
+    _trial(client, ids["pe-fusion"], old, "old_0", {R.DATASET: ARXIV, R.PE_TYPE: "sinusoidal", R.FUSION: "add",
+                                                     R.SEED: 0}, {R.TEST_ACC: 0.1}, t0 + 1)
+    parent = _parent(client, ids["pe-fusion"], "arxiv_grid", t0 + 1000)
+    for i, (pe, fu, seed) in enumerate((p, f, s) for p in PES for f in FUSIONS for s in SEEDS):
+        if (pe, fu, seed) == MISSING:
+            continue
+        params = {R.DATASET: ARXIV, R.PE_TYPE: pe, R.FUSION: fu, R.SEED: seed, "lr": 3e-4, "d_model": 32}
+        if (pe, fu, seed) == FAILED:
+            _trial(client, ids["pe-fusion"], parent, f"t{i}", params, {}, t0 + 1001 + i, R.STATUS_DIVERGED,
+                   "non-finite training loss at epoch 2", epochs=2)
+            continue
+        acc = accuracy(pe, fu, seed)
+        final = {R.PARAMS: 1000 + 10 * FUSIONS.index(fu), R.BEST_VAL_ACC: acc + 0.01, R.BEST_EPOCH: 3,
+                 R.TEST_ACC: acc, R.TEST_MACRO_F1: acc - 0.05, R.LAT_MS_MEAN: latency(fu, seed),
+                 R.LAT_MS_STD: 0.05, R.TRAIN_TIME_S: 12.0, R.EPOCHS_RUN: 3,
+                 R.length_metric("le512"): acc + 0.05, R.LENGTH_COUNT_PREFIX + "le512": 60,
+                 R.LENGTH_COUNT_PREFIX + "le1024": 0,  # an empty bucket: a count, no accuracy
+                 R.length_metric("gt1024"): acc - 0.05, R.LENGTH_COUNT_PREFIX + "gt1024": 40}
+        _trial(client, ids["pe-fusion"], parent, f"t{i}", params, final, t0 + 1001 + i, epochs=3)
+
+    # broken: ok runs without test_acc. other-tool: untagged runs with the identity params.
+    for seed in (0, 1):
+        _trial(client, ids["broken"], None, f"b{seed}", {R.DATASET: "synthetic", R.PE_TYPE: "learned",
+                                                          R.FUSION: "add", R.SEED: seed}, {R.VAL_ACC: 0.5}, t0)
+        _trial(client, ids["other-tool"], None, "", {R.DATASET: "mine", R.PE_TYPE: "learned", R.FUSION: "add",
+                                                     R.SEED: seed}, {R.TEST_ACC: 0.6 + 0.1 * seed}, t0, tags=False)
+
+    # student: a λ-CV sweep (one init per run) and a newer phase-diagram sweep (both inits per run).
+    cv = _parent(client, ids["student-attention"], "lambda_cv", t0)
+    for alpha in ALPHAS_CV:
+        for seed in (0, 1):
+            for init in ("semantic", "positional"):
+                params = {R.ALPHA: alpha, R.OMEGA: 0.3, R.SIGMA: 0.5, R.D: 100, R.SEED: seed, R.INIT: init,
+                          R.LAMBDA: 0.01}
+                if (alpha, seed, init) == (1.6, 1, "positional"):
+                    _trial(client, ids["student-attention"], cv, "cv_fail", params, {}, t0 + 1, R.STATUS_ERROR,
+                           "RuntimeError: out of memory")
+                    continue
+                eps_t = student_eps_t(init, alpha, seed)
+                _trial(client, ids["student-attention"], cv, f"cv_{alpha}_{seed}_{init}", params, {
+                    R.EPS_T: eps_t, R.EPS_G: eps_t + 0.05, R.M: 0.9 if init == "positional" else 0.1,
+                    R.THETA: 0.2 if init == "positional" else 0.8, R.EPS_LIN: 0.4,
+                    R.LAMBDA_STAR: 0.01 * (1 + alpha)}, t0 + 1)
+    phase = _parent(client, ids["student-attention"], "phase_diagram", t0 + 1000)
+    for alpha in ALPHAS_PHASE:
+        for omega in OMEGAS_PHASE:
+            sign = 1.0 if alpha > ALPHA_C[omega] else -1.0
+            _trial(client, ids["student-attention"], phase, f"ph_{alpha}_{omega}", {
+                R.ALPHA: alpha, R.OMEGA: omega, R.SIGMA: 0.5, R.D: 100, R.SEED: 0, R.LAMBDA: 0.01}, {
+                "eps_t_semantic": 0.3, "eps_t_positional": 0.3 + 0.02 * sign, "eps_g_semantic": 0.35,
+                "eps_g_positional": 0.35 + 0.01 * sign, "m_semantic": 0.1, "m_positional": 0.9,
+                "theta_semantic": 0.8, "theta_positional": 0.2, R.EPS_LIN: 0.4}, t0 + 1001)
+    return {"uri": uri, "parent": parent, "old": old, "cv": cv, "phase": phase, "root": root}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return _build_store(tmp_path_factory.mktemp("mlflow"))
+
+
+@pytest.fixture(scope="module")
+def trials(store):
+    return A.load_trial_runs(store["uri"], "pe-fusion", store["parent"])
+
+
+def _assert_png(path: Path) -> None:
+    from matplotlib.image import imread
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"
+    assert float(np.var(imread(path))) > 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_loader_reads_trials_with_status_and_parsed_params(store, trials):
+    assert len(trials) == 2 * 3 * 3 - 1  # the missing seed never ran; the failed one is kept
+    assert trials[R.SEED].dtype == "Int64" and trials["lr"].dtype == "float64"
+    bad = trials[trials[R.STATUS] != R.STATUS_OK]
+    assert len(bad) == 1 and bad[R.ERROR].iloc[0] == "non-finite training loss at epoch 2"
+    assert A.study_of(trials) == "pefusion"
+    everything = A.load_trial_runs(store["uri"], "pe-fusion")  # no parent: both sweeps' trials
+    assert len(everything) == len(trials) + 1
+    untagged = A.load_trial_runs(store["uri"], "other-tool")  # runs of other tools, no tags
+    assert sorted(untagged[R.TEST_ACC]) == [0.6, 0.7]
+
+
+def test_latest_sweep_and_run_prefix(store):
+    sweep = A.load_sweep(store["uri"], "pe-fusion", latest_sweep=True)
+    assert sweep.parent_run_id == store["parent"] and sweep.name == "arxiv_grid"
+    assert sweep.parent_tags[R.TAG_COMMAND] == COMMAND
+    assert A.load_sweep(store["uri"], "pe-fusion", store["old"][:10]).parent_run_id == store["old"]
+
+
+def test_loader_errors_are_one_line(store, tmp_path):
+    cases = [(dict(tracking_uri=f"sqlite:///{tmp_path / 'nothing.db'}", experiment="pe-fusion"), "no MLflow store"),
+             (dict(tracking_uri=store["uri"], experiment="nope"), "no experiment named 'nope'"),
+             (dict(tracking_uri=store["uri"], experiment="empty"), "has no finished trial runs; run python sweeps")]
+    for kwargs, text in cases:
+        with pytest.raises(A.AnalysisError, match=text) as info:
+            A.load_trial_runs(**kwargs)
+        assert "\n" not in str(info.value)
+    assert not (tmp_path / "nothing.db").exists()  # never creates a store by looking
+    with pytest.raises(A.ConfigError, match="unreachable"):  # a closed local port: refused at once
+        A.load_trial_runs("http://127.0.0.1:9", "pe-fusion")
+
+
+def test_search_sweep_ranks_trials_and_stopped_is_not_failed(tmp_path):
+    trials = pd.DataFrame({
+        A.TRIAL_ID: ["a", "b", "c"], A.RUN_ID: ["r1", "r2", "r3"], "lr": [1e-3, 1e-4, 3e-4],
+        "batch_size": [32, 32, 32], R.STATUS: [R.STATUS_OK, R.STATUS_STOPPED, R.STATUS_ERROR],
+        R.ERROR: ["", "", "boom"], R.BEST_VAL_ACC: [0.6, 0.7, np.nan], R.TEST_ACC: [0.5, np.nan, np.nan]})
+    table = A.search_table(trials)
+    assert list(table[A.TRIAL_ID]) == ["b", "a", "c"] and "batch_size" not in table  # only what varies
+    assert table[R.BEST_VAL_ACC].iloc[0] == pytest.approx(70.0)
+    assert list(A.failed(trials)[A.TRIAL_ID]) == ["c"]
+    sweep = A.Sweep("sqlite:///unused.db", "pe-fusion", trials.assign(**{A.START_TIME: 0}), "f" * 32,
+                    {R.TAG_SWEEP: "lr_batch_asha", R.TAG_COMMAND: "python sweeps/lr_batch_asha.py"})
+    page, written = build_report(sweep, tmp_path, log_to_mlflow=False)
+    text = page.read_text()
+    assert page.name == "report_lr_batch_asha_ffffffff.html" and "Search trials" in text and "boom" in text
+    assert "1 ok, 1 stopped early by the scheduler, 1 failed" in text
+    assert written == [tmp_path / "search_trials.csv"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Table 1 and paired deltas: exact numbers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _ok_seeds(pe: str, fu: str) -> list[int]:
+    return [s for s in SEEDS if (pe, fu, s) not in (MISSING, FAILED)]
+
+
+def test_table1_exact(trials):
+    table = A.table1(trials).set_index(["pe_type", "fusion"])
+    assert list(table.index) == [(p, f) for p in PES for f in FUSIONS]
+    for pe in PES:
+        for fu in FUSIONS:
+            seeds = _ok_seeds(pe, fu)
+            acc = np.array([accuracy(pe, fu, s) * 100 for s in seeds])
+            lat = np.array([latency(fu, s) for s in seeds])
+            row = table.loc[(pe, fu)]
+            assert row.n_seeds == len(seeds)
+            assert row.test_acc_mean == pytest.approx(acc.mean(), rel=1e-12)
+            assert row.test_acc_std == pytest.approx(acc.std(ddof=1), rel=1e-9)
+            assert row.params_mean == 1000 + 10 * FUSIONS.index(fu)
+            assert row.lat_ms_mean == pytest.approx(lat.mean(), rel=1e-12)
+            assert row.lat_ms_std == pytest.approx(lat.std(ddof=1), rel=1e-9)
+            assert row.n_failed == (1 if (pe, fu) == FAILED[:2] else 0)
+            assert (row.published_mean, row.published_std) == A.ARXIV_TABLE3[(pe, fu)]
+
+
+def test_table1_published_only_for_arxiv_and_renderings(trials):
+    other = A.table1(trials.assign(**{R.DATASET: "synthetic"}))
+    assert "published_mean" not in other and list(other.columns) == list(A.TABLE1_COLUMNS)
+    display = A.table1_display(A.table1(trials))
+    markdown, latex = A.to_markdown(display), A.to_latex(display, "Table 1")
+    assert "| sinusoidal | add | 3 |" in markdown and "59.22 ± 1.07" in markdown  # the paper beside ours, in %
+    mean = np.mean([accuracy("sinusoidal", "add", s) * 100 for s in SEEDS])
+    assert f"{mean:.2f} ± " in markdown
+    assert r"59.22 $\pm$ 1.07" in latex and r"gate\_scalar" in latex and r"\toprule" in latex
+
+
+def test_superseded_runs_are_left_out_and_noted(store, trials):
+    sweep = A.load_sweep(store["uri"], "pe-fusion")  # both sweeps: the old run repeats (sinusoidal, add, 0)
+    pd.testing.assert_frame_equal(A.table1(sweep.trials), A.table1(trials))
+    remarks = A.notes(sweep)
+    assert any("1 of 18 trial runs failed" in r for r in remarks)
+    assert any(r.startswith("1 older ok results") for r in remarks)
+
+
+def test_paired_deltas_exact_against_scipy(trials):
+    summary, per_seed = A.paired_deltas(trials, baseline="add")
+    summary = summary.set_index(["pe_type", "fusion"])
+    assert list(summary.index) == [(p, f) for p in PES for f in FUSIONS if f != "add"]
+    for pe in PES:
+        for fu in ("concat", "gate_scalar"):
+            seeds = _ok_seeds(pe, fu)  # add has every seed, so the pairs are the fusion's ok seeds
+            a = np.array([accuracy(pe, fu, s) * 100 for s in seeds])
+            b = np.array([accuracy(pe, "add", s) * 100 for s in seeds])
+            d = a - b
+            row = summary.loc[(pe, fu)]
+            assert row.n_pairs == len(seeds) and row.n_unpaired == 3 - len(seeds)
+            assert row.delta_mean == pytest.approx(d.mean(), rel=1e-9)
+            assert row.delta_std == pytest.approx(d.std(ddof=1), rel=1e-9)
+            half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+            assert (row.ci95_low, row.ci95_high) == pytest.approx((d.mean() - half, d.mean() + half), rel=1e-9)
+            assert row.t_pvalue == pytest.approx(stats.ttest_rel(a, b).pvalue, rel=1e-9)
+            assert row.wilcoxon_pvalue == pytest.approx(stats.wilcoxon(a, b).pvalue, rel=1e-9)
+            pairs = per_seed[(per_seed.pe_type == pe) & (per_seed.fusion == fu)]
+            assert list(pairs.seed) == seeds and pairs.delta.to_numpy() == pytest.approx(d, rel=1e-9)
+    with pytest.raises(A.AnalysisError, match="baseline fusion 'ad' has no runs; fusions present: add, concat"):
+        A.paired_deltas(trials, baseline="ad")
+
+
+def test_paired_stats_undefined_cases():
+    one = A.paired_stats([0.7], [0.6])
+    assert one["n_pairs"] == 1 and math.isnan(one["t_pvalue"]) and "one pair" in one["note"]
+    zero = A.paired_stats([0.5, 0.6, 0.7], [0.5, 0.6, 0.7])
+    assert zero["delta_mean"] == 0 and math.isnan(zero["wilcoxon_pvalue"]) and zero["note"]
+    none = A.paired_stats([], [])
+    assert none["n_pairs"] == 0 and math.isnan(none["delta_mean"])
+
+
+def test_length_buckets_and_fusion_summary(trials):
+    buckets = A.length_bucket_summary(trials)
+    assert list(dict.fromkeys(buckets.bucket)) == ["le512", "le1024", "gt1024"]
+    row = buckets[(buckets.pe_type == "learned") & (buckets.fusion == "add") & (buckets.bucket == "gt1024")].iloc[0]
+    expected = np.array([(accuracy("learned", "add", s) - 0.05) * 100 for s in SEEDS])
+    assert row.test_acc_mean == pytest.approx(expected.mean()) and row.n_docs_mean == 40
+    empty = buckets[buckets.bucket == "le1024"]
+    assert (empty.n_seeds == 0).all() and empty.test_acc_mean.isna().all() and (empty.n_docs_mean == 0).all()
+    fusions = A.fusion_summary(trials).set_index("fusion")
+    pooled = [accuracy(p, "concat", s) * 100 for p in PES for s in _ok_seeds(p, "concat")]
+    assert fusions.loc["concat", "n_runs"] == 5
+    assert fusions.loc["concat", "test_acc_mean"] == pytest.approx(np.mean(pooled))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Student runs
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_student_frame_and_deltas(store):
+    trials = A.load_trial_runs(store["uri"], "student-attention")
+    student = A.student_frame(trials)
+    n_cv, n_phase = len(ALPHAS_CV) * 2 * 2, len(ALPHAS_PHASE) * len(OMEGAS_PHASE) * 2
+    assert len(student) == n_cv + n_phase
+    assert set(student.columns) >= {R.ALPHA, R.OMEGA, R.SIGMA, R.SEED, R.D, R.INIT, R.EPS_G, R.EPS_T, R.M,
+                                    R.THETA, R.EPS_LIN, R.LAMBDA_STAR}
+    deltas = A.student_deltas(student)
+    cv = deltas[deltas.source == A.SOURCE_CV]
+    assert len(cv) == len(ALPHAS_CV) * 2 - 1  # the failed positional run leaves its seed unpaired
+    for row in cv.itertuples():
+        assert row.delta_eps_t == pytest.approx(0.1 * (row.alpha - 1.0) + 0.001 * row.seed, abs=1e-12)
+    summary = A.student_delta_summary(deltas)
+    cv_summary = summary[summary.source == A.SOURCE_CV].set_index(R.ALPHA)
+    assert cv_summary.loc[1.6, "n_pairs"] == 1 and cv_summary.loc[0.8, "lower_train_loss"] == "positional"
+    assert cv_summary.loc[1.2, "lower_train_loss"] == "semantic"
+    crossing = A.crossing_alphas(summary, ALPHA_C)
+    row = crossing[crossing.source == A.SOURCE_CV].iloc[0]
+    # mean Δε_t: 0.1 (α − 1) + 0.0005 at α = 0.8 and 1.2 → crossing at 0.8 + 0.4 · 0.0195 / 0.04
+    assert row.alpha_c_estimate == pytest.approx(0.8 + 0.4 * 0.0195 / 0.04) and row.alpha_c_published == 1.241
+    phase = summary[summary.source == A.SOURCE_PHASE]
+    assert len(phase) == len(ALPHAS_PHASE) * len(OMEGAS_PHASE)
+    for row in phase.itertuples():
+        assert row.lower_train_loss == ("semantic" if row.alpha > ALPHA_C[row.omega] else "positional")
+    lam = A.student_summary(student)
+    lam = lam[(lam.source == A.SOURCE_CV) & (lam[R.INIT] == "semantic")].set_index(R.ALPHA)
+    assert lam.loc[0.4, "lam_star_mean"] == pytest.approx(0.014) and lam.loc[0.4, "n_seeds"] == 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Scripts and the report
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_table1_and_paired_delta_scripts(store, tmp_path, capsys):
+    argv = ["--tracking-uri", store["uri"], "--parent-run", store["parent"], "--out", str(tmp_path)]
+    assert load_script("scripts/make_table1.py").main(argv) == 0
+    csv = pd.read_csv(tmp_path / "table1_ccdv-arxiv-classification.csv")
+    assert list(csv.columns[:8]) == ["pe_type", "fusion", "n_seeds", "test_acc_mean", "test_acc_std",
+                                     "params_mean", "lat_ms_mean", "lat_ms_std"]
+    assert "59.22 ± 1.07" in (tmp_path / "table1_ccdv-arxiv-classification.md").read_text()
+    assert (tmp_path / "table1_ccdv-arxiv-classification.tex").exists()
+    assert load_script("scripts/paired_deltas.py").main(argv) == 0
+    deltas = pd.read_csv(tmp_path / "paired_deltas_ccdv-arxiv-classification.csv")
+    assert list(deltas.columns[:10]) == ["pe_type", "fusion", "baseline", "n_pairs", "delta_mean", "delta_std",
+                                         "ci95_low", "ci95_high", "t_pvalue", "wilcoxon_pvalue"]
+    for pe in PES:
+        _assert_png(tmp_path / "figures" / f"paired_deltas_ccdv-arxiv-classification_{pe}.png")
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_report_pefusion_sweep_logged_to_parent(store, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    argv = ["--tracking-uri", store["uri"], "--out", str(tmp_path)]  # defaults to the latest sweep
+    assert load_script("scripts/report.py").main(argv) == 0
+    page = tmp_path / f"report_arxiv_grid_{store['parent'][:8]}.html"
+    text = page.read_text()
+    assert COMMAND in text and COMMIT in text
+    assert "non-finite training loss at epoch 2" in text and "diverged" in text
+    assert text.count("data:image/png;base64,") == 2 + 2 + 1  # deltas per PE, accuracy, latency, length
+    assert "59.22 ± 1.07" in text
+    for stem in ("accuracy_per_fusion", "latency_per_fusion", "accuracy_per_length"):
+        _assert_png(tmp_path / "figures" / f"{stem}_ccdv-arxiv-classification.png")
+    client = MlflowClient(tracking_uri=store["uri"])
+    logged = {a.path for a in client.list_artifacts(store["parent"], "results")}
+    assert f"results/{page.name}" in logged and "results/table1_ccdv-arxiv-classification.csv" in logged
+    figures = {a.path for a in client.list_artifacts(store["parent"], "results/figures")}
+    assert "results/figures/accuracy_per_fusion_ccdv-arxiv-classification.pdf" in figures
+
+
+def test_report_student_sweep(store, tmp_path):
+    assert A.load_sweep(store["uri"], "student-attention", latest_sweep=True).name == "phase_diagram"
+    argv = ["--tracking-uri", store["uri"], "--experiment", "student-attention", "--parent-run", store["cv"],
+            "--out", str(tmp_path), "--no-log"]
+    assert load_script("scripts/report.py").main(argv) == 0
+    text = (tmp_path / f"report_lambda_cv_{store['cv'][:8]}.html").read_text()
+    assert "RuntimeError: out of memory" in text and COMMAND in text
+    assert text.count("data:image/png;base64,") == 4
+    for stem in ("student_deltas", "student_phase_diagram", "student_order_parameters", "student_lambda_star"):
+        _assert_png(tmp_path / "figures" / f"{stem}.png")
+    crossing = pd.read_csv(tmp_path / "student_alpha_c.csv")
+    assert crossing.alpha_c_estimate.iloc[0] == pytest.approx(0.8 + 0.4 * 0.0195 / 0.04)
+
+
+def test_user_errors_exit_2_with_one_line(store, tmp_path):
+    """Run as a user would, in subprocesses (both at once: each spends most of its time importing)."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": store["uri"]}
+    commands = {"missing metric": ["make_table1.py", "--experiment", "broken"],
+                "empty experiment": ["report.py", "--experiment", "empty"]}
+    procs = {case: subprocess.Popen([sys.executable, str(REPO / "scripts" / args[0]), *args[1:], "--out",
+                                     str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=env, cwd=tmp_path) for case, args in commands.items()}
+    done = {case: (proc.wait(timeout=120), proc.communicate()[1]) for case, proc in procs.items()}
+    code, stderr = done["missing metric"]
+    assert code == 2 and stderr.count("\n") == 1
+    assert stderr.startswith("error: metric 'test_acc' is missing from 2 of 2 ok trial runs (e.g. run ")
+    code, stderr = done["empty experiment"]
+    assert code == 2 and stderr == ("error: experiment 'empty' has no finished trial runs; run python "
+                                    "sweeps/arxiv_grid.py --preset demo first (or python sweeps/lambda_cv.py "
+                                    "--preset demo for the student study)\n")
