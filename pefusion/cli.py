@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -85,20 +86,27 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_
     g.add_argument("-v", "--verbose", action="count", default=1, help="more Ray output")
 
 
-def sweep_options(args: argparse.Namespace, sweep: str):
-    """The `SweepOptions` of the common flags (imports Ray, so call it after validating everything else)."""
+def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | None = None):
+    """The `SweepOptions` of the common flags (imports Ray, so call it after validating everything else).
+
+    `argv` (default: sys.argv[1:]) is recorded on the MLflow parent run as the command that made the sweep.
+    """
+    from pefusion import record as R
     from pefusion.tuning import SweepOptions
+
+    command = shlex.join(["python", f"sweeps/{sweep}.py", *(sys.argv[1:] if argv is None else argv)])
 
     return SweepOptions(
         sweep=sweep, experiment=args.experiment, name=args.name, storage_path=args.storage_path,
         address=args.address, cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
         num_cpus=args.num_cpus, num_gpus=args.num_gpus, max_concurrent=args.max_concurrent, resume=args.resume,
         tracking_uri=args.tracking_uri, dashboard=not args.no_dashboard, verbose=args.verbose,
-        tags={"pefusion.search_space": args.search_space, "pefusion.preset": getattr(args, "preset", "")})
+        tags={R.TAG_SEARCH_SPACE: args.search_space, "pefusion.preset": getattr(args, "preset", ""),
+              R.TAG_COMMAND: command})
 
 
 def resolve_preset(args: argparse.Namespace) -> Preset:
-    """The preset with the command line's data, length, epoch and smoke overrides applied (validated)."""
+    """The preset, shrunk by --smoke, then the command line's data, length and epoch flags (validated)."""
     preset = PRESETS[args.preset]
     data_over: dict = {}
     if args.synthetic:
@@ -112,18 +120,19 @@ def resolve_preset(args: argparse.Namespace) -> Preset:
         data_over.update(dataset=args.dataset, dataset_config=args.dataset_config, data_dir=None, synthetic=False)
     elif args.dataset_config:
         data_over["dataset_config"] = args.dataset_config
-    for flag, key in (("text_column", "text_column"), ("label_column", "label_column"), ("cache_dir", "cache_dir")):
-        if getattr(args, flag):
-            data_over[key] = getattr(args, flag)
-    model, train = preset.model, preset.train
+    for key in ("text_column", "label_column", "cache_dir"):
+        if getattr(args, key):
+            data_over[key] = getattr(args, key)
+    preset = dataclasses.replace(preset, data=dataclasses.replace(preset.data, **data_over))
+    if args.smoke:
+        preset = smoke_budget(preset)
+    model, train, data = preset.model, preset.train, preset.data
     if args.max_len:
-        data_over["max_len"] = args.max_len
+        data = dataclasses.replace(data, max_len=args.max_len)
         model = dataclasses.replace(model, max_len=args.max_len)
     if getattr(args, "epochs", None):
         train = dataclasses.replace(train, max_epochs=args.epochs)
-    preset = dataclasses.replace(preset, model=model, train=train,
-                                 data=dataclasses.replace(preset.data, **data_over))
-    return smoke_budget(preset) if args.smoke else preset
+    return dataclasses.replace(preset, model=model, train=train, data=data)
 
 
 def smoke_budget(preset: Preset) -> Preset:

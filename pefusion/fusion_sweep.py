@@ -7,6 +7,7 @@ carrying the SPEC §3 record. The tokenised corpus arrives once per node through
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -20,7 +21,8 @@ import torch
 from ray import tune
 
 from pefusion import record as R
-from pefusion.config import ConfigError, Preset, flat_config, split_trial_config
+from pefusion.config import ConfigError, ModelConfig, Preset, flat_config, split_trial_config
+from pefusion.encoder import build_model_from_config
 from pefusion.search_space import Choice, Constant, Grid, RandInt, SearchSpace
 from pefusion.text_data import EncodedCorpus
 from pefusion.training import Diverged, Trainer
@@ -50,6 +52,17 @@ def _write_final(folder: Path, trainer: Trainer, record: dict[str, Any]) -> None
     buckets = {k: v for k, v in record.items() if k.startswith((R.LENGTH_METRIC_PREFIX, R.LENGTH_COUNT_PREFIX))}
     (folder / R.ARTIFACT_LENGTH_BUCKETS).write_text(json.dumps(buckets, indent=1))
     (folder / FINAL_RECORD).write_text(json.dumps(record, indent=1))
+
+
+def load_checkpoint(folder: str | Path) -> torch.nn.Module:
+    """Rebuild a saved best model from its checkpoint folder (`model.pt` + `model_config.json`), in eval mode."""
+    folder = Path(folder)
+    cfg = json.loads((folder / MODEL_CONFIG).read_text())
+    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
+    model = build_model_from_config(ModelConfig(**{k: v for k, v in cfg.items() if k in model_keys}),
+                                    cfg["vocab_size"], cfg["num_classes"])
+    model.load_state_dict(torch.load(folder / MODEL_WEIGHTS, weights_only=True, map_location="cpu"))
+    return model.eval()
 
 
 def pefusion_trainable(config: dict[str, Any], *, corpus: EncodedCorpus, base: Preset, cpus: float,
@@ -96,8 +109,12 @@ def run_pefusion_sweep(corpus: EncodedCorpus, base: Preset, preset_name: str, pa
         run_name=trial_run_name, **tune_kwargs)
     rows = pd.DataFrame(result_rows(results, final_keys=(R.DATASET, *R.FINAL_METRICS, R.PARAMS,
                                                          "visible_devices", "device", "started_at", "ended_at")))
+    fixed = {R.PE_TYPE: base.model.pe_type, R.FUSION: base.model.fusion, R.SEED: base.train.seed,
+             R.DATASET: corpus.name}
+    for key, value in fixed.items():  # identity of trials whose axis the space did not vary (or that failed)
+        rows[key] = rows[key].fillna(value) if key in rows else value
     sort_keys = [k for k in (R.PE_TYPE, R.FUSION, R.SEED, "lr", "batch_size") if k in rows.columns]
-    rows = rows.sort_values(sort_keys, kind="stable").reset_index(drop=True) if sort_keys else rows
+    rows = rows.sort_values(sort_keys, kind="stable").reset_index(drop=True)
     return rows, recorder, exp_path
 
 
@@ -128,25 +145,27 @@ def validate_trial_configs(space: SearchSpace, base: Preset) -> int:
     return n
 
 
+def _as_trial_frame(rows: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's rows in the shape `pefusion.analysis` reads from MLflow (one implementation of the tables)."""
+    from pefusion.analysis import RUN_ID, START_TIME
+
+    return rows.assign(**{RUN_ID: rows["trial_id"].astype(str),
+                          START_TIME: rows["started_at"] if "started_at" in rows else 0.0})
+
+
 def aggregate_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per (pe_type, fusion): trials, failures, and mean ± std (over seeds) of the ok trials' metrics."""
-    keys = [R.PE_TYPE, R.FUSION]
-    ok = rows[rows[R.STATUS] == R.STATUS_OK]
-    counts = rows.groupby(keys).agg(n_trials=(R.STATUS, "size"),
-                                    n_failed=(R.STATUS, lambda s: int((s != R.STATUS_OK).sum())))
-    stats = ok.groupby(keys).agg(**{
-        "n_seeds": (R.SEED, "nunique"),
-        "test_acc_mean": (R.TEST_ACC, "mean"), "test_acc_std": (R.TEST_ACC, "std"),
-        "val_acc_mean": (R.VAL_ACC, "mean"), "test_macro_f1_mean": (R.TEST_MACRO_F1, "mean"),
-        "params_mean": (R.PARAMS, "mean"),
-        "lat_ms_mean": (R.LAT_MS_MEAN, "mean"), "lat_ms_std": (R.LAT_MS_MEAN, "std"),
-        "epochs_run_mean": (R.EPOCHS_RUN, "mean"),
-    }) if len(ok) else None
-    return (counts if stats is None else counts.join(stats)).reset_index()
+    """Table 1 of the sweep (accuracies in %), or for a search the trials best first."""
+    from pefusion.analysis import search_table, table1
+
+    frame = _as_trial_frame(rows)
+    if (frame[R.STATUS] == R.STATUS_OK).any() and frame[[R.PE_TYPE, R.FUSION]].drop_duplicates().shape[0] > 1:
+        return table1(frame)
+    return search_table(frame)
 
 
 def write_results(rows: pd.DataFrame, name: str, out_dir: str | Path) -> list[Path]:
-    """`<name>_results_by_seed.csv` (every trial, failed ones with their error) and `<name>_results_aggregated.csv`."""
+    """`<name>_results_by_seed.csv` (every trial, failed ones with their error; raw fractions) and
+    `<name>_results_aggregated.csv` (Table 1 in %, or the search's trials best first)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     by_seed, agg = out / f"{name}_results_by_seed.csv", out / f"{name}_results_aggregated.csv"
@@ -156,19 +175,16 @@ def write_results(rows: pd.DataFrame, name: str, out_dir: str | Path) -> list[Pa
 
 
 def summary_table(rows: pd.DataFrame) -> str:
-    """Test accuracy (%) mean ± std over seeds, PE types down, fusions across; failures counted below."""
-    agg = aggregate_rows(rows)
-    if "test_acc_mean" not in agg:
-        cells = pd.DataFrame()
-    else:
-        agg["cell"] = [f"{100 * m:.2f} ± {100 * s:.2f} ({n:.0f})" if pd.notna(m) else "failed"
-                       for m, s, n in zip(agg["test_acc_mean"], agg["test_acc_std"].fillna(0.0),
-                                          agg["n_seeds"].fillna(0))]
-        cells = agg.pivot(index=R.PE_TYPE, columns=R.FUSION, values="cell").fillna("-")
-    n_failed = int((rows[R.STATUS] != R.STATUS_OK).sum())
-    lines = ["test accuracy % (mean ± std over seeds, n ok)", cells.to_string() if len(cells) else "(no finished trial)",
-             f"{len(rows)} trials, {len(rows) - n_failed} ok, {n_failed} failed"]
-    for _, r in rows[rows[R.STATUS] != R.STATUS_OK].iterrows():
+    """Table 1 as text, then every failed trial with its reason."""
+    from pefusion.analysis import table1, table1_display
+
+    frame = _as_trial_frame(rows)
+    n_failed = int((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum())
+    lines = []
+    if (frame[R.STATUS] == R.STATUS_OK).any():
+        lines.append(table1_display(table1(frame)).to_string(index=False))
+    lines.append(f"{len(rows)} trials, {len(rows) - n_failed} ok, {n_failed} failed")
+    for _, r in rows[~rows[R.STATUS].isin(R.SUCCESS_STATUSES)].iterrows():
         lines.append(f"  failed: {trial_run_name(r.to_dict())} [{r[R.STATUS]}] {r.get(R.ERROR, '')}")
     return "\n".join(lines)
 

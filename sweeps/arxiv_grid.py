@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pefusion.fusion_sweep import run_pefusion_sweep, summary_table, validate_trial_configs, write_results
 
     validate_trial_configs(space, preset)
-    opts = sweep_options(args, "arxiv_grid")
+    opts = sweep_options(args, "arxiv_grid", argv)
     corpus = load_corpus(preset.data)
     print(f"{grid_size(space)} trials on {corpus.name}: {len(corpus.train)} train / {len(corpus.validation)} "
           f"validation / {len(corpus.test)} test documents, vocabulary {corpus.vocab_size}", flush=True)

@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pefusion.fusion_sweep import budget_summary, run_pefusion_sweep, validate_trial_configs, write_results
 
     validate_trial_configs(space, preset)
-    opts = sweep_options(args, "lr_batch_asha")
+    opts = sweep_options(args, "lr_batch_asha", argv)
     corpus = load_corpus(preset.data)
     # ASHA stops any trial whose report reaches max_t; one epoch of headroom lets a trial that trained the whole
     # budget deliver its final (test) record, which follows its last epoch report.

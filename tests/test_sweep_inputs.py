@@ -1,0 +1,66 @@
+"""User errors on the sweep command lines: one line, a ConfigError (exit code 2 via run_main), before Ray starts."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, load_script
+from pefusion.config import ConfigError
+
+
+BAD_INPUTS = [
+    (["--pe-types", "sinusoidal,fourier"], "'fourier' is not allowed"),
+    (["--fusions", "gated"], "'gated' is not allowed"),
+    (["--pe-types", "rotary", "--fusions", "add"], "fusion='none'"),
+    (["--data-dir", "/nonexistent/data"], "--data-dir /nonexistent/data is not a directory"),
+    (["--tracking-uri", "http://127.0.0.1:9"], "unreachable"),
+    (["--cpus-per-trial", "0"], "--cpus-per-trial"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+def test_bad_command_lines_are_rejected_before_ray(in_tmp, cache_dir, argv, message):
+    import ray
+
+    grid = load_script("sweeps/arxiv_grid.py")
+    with pytest.raises(ConfigError) as err:
+        grid.main(["--preset", "arxiv", "--synthetic", "--smoke", "--cache-dir", str(cache_dir), "--seeds", "0",
+                   "--no-dashboard", *argv])
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize("yaml_text,message", [
+    ("learning_rate: 0.1\n", "unknown key 'learning_rate'"),
+    ("lr: {loguniform: [0.01, 0.001]}\n", "lr"),
+    ("pe_type: {grid: [sinusoidal, fourier]}\n", "fourier"),
+    ("batch_size: {choice: [0, 32]}\n", "batch_size"),
+])
+def test_bad_search_space_files_are_rejected(in_tmp, cache_dir, yaml_text, message):
+    space = in_tmp / "space.yaml"
+    space.write_text(yaml_text)
+    grid = load_script("sweeps/arxiv_grid.py")
+    with pytest.raises(ConfigError) as err:
+        grid.main(["--preset", "arxiv", "--synthetic", "--smoke", "--cache-dir", str(cache_dir),
+                   "--search-space", str(space)])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_exit_code_2_and_one_line_from_the_command_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), "--preset", "arxiv",
+                           "--synthetic", "--fusions", "gated"], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error: ")
+    assert "Ray dashboard" not in proc.stdout
+
+
+def test_unreachable_hub_names_the_three_ways_to_supply_data(tmp_path, cache_dir):
+    grid = load_script("sweeps/arxiv_grid.py")
+    with pytest.raises(ConfigError) as err:
+        grid.main(["--preset", "arxiv", "--cache-dir", str(cache_dir), "--tracking-uri",
+                   f"sqlite:///{tmp_path}/mlflow.db"])
+    msg = str(err.value)
+    assert "--data-dir" in msg and "--preset demo" in msg and "\n" not in msg

@@ -1,0 +1,184 @@
+"""Sweeps on a real local Ray with a real sqlite MLflow: fractional GPUs, failures, MLflow contents, checkpoints,
+ASHA, and the bad-input matrix (rejected before Ray starts)."""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import load_script
+from pefusion import record as R
+from pefusion.config import ConfigError
+from pefusion.tracking import resolve_tracking_uri
+
+
+def _options(tmp: Path, **kw):
+    from pefusion.tuning import SweepOptions
+
+    kw.setdefault("cpus_per_trial", 1.0)
+    return SweepOptions(sweep="arxiv_grid", experiment="pe-fusion", storage_path=str(tmp / "ray_results"),
+                        dashboard=False, verbose=0, **kw)
+
+
+def _grid(**axes):
+    from ray import tune
+
+    return {k: tune.grid_search(v) for k, v in axes.items()}
+
+
+def _children(parent_run_id: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(resolve_tracking_uri())
+    exp = client.get_experiment_by_name("pe-fusion")
+    return client, client.search_runs([exp.experiment_id], f"tags.`{R.TAG_PARENT}` = '{parent_run_id}'")
+
+
+def test_fractional_gpus_run_four_trials_at_once(local_ray, in_tmp, smoke_preset, smoke_corpus):
+    """0.25 GPU per trial on one logical GPU: four trials run together, each sees one device."""
+    from pefusion.fusion_sweep import pefusion_trainable, run_pefusion_sweep
+
+    barrier = str(in_tmp / "barrier")
+
+    def trainable_with_barrier(config, **kwargs):
+        # Every trial waits until all four have started: this only passes if they really run at once.
+        import os
+        import time as _time
+        from pathlib import Path as _P
+
+        folder = _P(barrier)
+        folder.mkdir(exist_ok=True)
+        (folder / f"{config['seed']}").touch()
+        deadline = _time.time() + 120
+        while len(list(folder.iterdir())) < 4:
+            if _time.time() > deadline:
+                raise RuntimeError("trials did not run concurrently")
+            _time.sleep(0.1)
+        return pefusion_trainable(config, **kwargs)
+
+    rows, _, _ = run_pefusion_sweep(smoke_corpus, smoke_preset, "smoke", _grid(seed=[0, 1, 2, 3]),
+                                    _options(in_tmp, cpus_per_trial=0.5, gpus_per_trial=0.25),
+                                    trainable=trainable_with_barrier)
+    assert list(rows[R.STATUS]) == [R.STATUS_OK] * 4
+    assert set(rows["visible_devices"]) == {"0"}  # Ray assigned the one (logical) GPU to each trial
+    starts, ends = rows["started_at"], rows["ended_at"]
+    assert starts.max() < ends.min()  # all four intervals overlap
+
+
+def test_failures_are_recorded_never_dropped(local_ray, in_tmp, smoke_preset, smoke_corpus):
+    """A trial that raises and one that diverges leave the sweep complete and are recorded with their reason."""
+    from pefusion.fusion_sweep import aggregate_rows, pefusion_trainable, run_pefusion_sweep, summary_table
+
+    def faulty(config, **kwargs):
+        if config["fusion"] == "concat" and config["seed"] == 1:
+            raise RuntimeError("injected failure")
+        if config["fusion"] == "add" and config["seed"] == 1:
+            config = {**config, "lr": 1e30}  # Adam steps of 1e30 overflow the attention logits at step 2
+        return pefusion_trainable(config, **kwargs)
+
+    rows, recorder, _ = run_pefusion_sweep(smoke_corpus, smoke_preset, "smoke",
+                                           _grid(fusion=["add", "concat"], seed=[0, 1]), _options(in_tmp),
+                                           trainable=faulty)
+    by = {(r.fusion, r.seed): r for r in rows.itertuples()}
+    assert len(rows) == 4
+    assert by[("concat", 1)].status == R.STATUS_ERROR and "injected failure" in by[("concat", 1)].error
+    assert by[("add", 1)].status == R.STATUS_DIVERGED and "non-finite" in by[("add", 1)].error
+    assert by[("add", 0)].status == by[("concat", 0)].status == R.STATUS_OK
+
+    agg = aggregate_rows(rows).set_index(R.FUSION)
+    assert agg.loc["add", "n_failed"] == 1 and agg.loc["concat", "n_failed"] == 1
+    assert agg.loc["add", "n_seeds"] == 1  # the failed seed is excluded from the mean, and counted
+    assert "2 failed" in summary_table(rows) and "injected failure" in summary_table(rows)
+
+    client, runs = _children(recorder.parent_run_id)
+    assert len(runs) == 4
+    failed = {r.data.tags[R.TAG_STATUS]: r for r in runs if r.info.status == "FAILED"}
+    assert set(failed) == {R.STATUS_ERROR, R.STATUS_DIVERGED}
+    assert "injected failure" in failed[R.STATUS_ERROR].data.tags[R.TAG_ERROR]
+    assert "non-finite" in failed[R.STATUS_DIVERGED].data.tags[R.TAG_ERROR]
+
+
+def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, in_tmp, smoke_preset, smoke_corpus):
+    """Every SPEC §3 metric, per-epoch series at step = epoch, full config as params, and a checkpoint that
+    loads with weights_only=True and reproduces the recorded test accuracy."""
+    import mlflow
+
+    from pefusion.fusion_sweep import load_checkpoint, run_pefusion_sweep
+    from pefusion.text_data import iter_batches
+
+    rows, recorder, _ = run_pefusion_sweep(smoke_corpus, smoke_preset, "smoke",
+                                           _grid(pe_type=["learned"], fusion=["gate_cnn"], seed=[3]),
+                                           _options(in_tmp))
+    client, runs = _children(recorder.parent_run_id)
+    (run,) = runs
+    assert run.info.status == "FINISHED" and run.data.tags[R.TAG_STATUS] == R.STATUS_OK
+    params = run.data.params
+    assert (params[R.PE_TYPE], params[R.FUSION], params[R.SEED], params[R.DATASET]) == ("learned", "gate_cnn", "3",
+                                                                                        "synthetic")
+    assert params["d_model"] == str(smoke_preset.model.d_model) and params["lr"] == str(smoke_preset.train.lr)
+    for name in R.FINAL_METRICS:
+        assert name in run.data.metrics, name
+    epochs = int(run.data.metrics[R.EPOCHS_RUN])
+    for name in R.EPOCH_METRICS:
+        assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == list(range(1, epochs + 1))
+    assert any(k.startswith(R.LENGTH_METRIC_PREFIX) for k in run.data.metrics)
+    assert run.data.metrics[R.TEST_ACC] == pytest.approx(rows.loc[0, R.TEST_ACC])
+
+    local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=R.ARTIFACT_CHECKPOINT_DIR,
+                                                tracking_uri=resolve_tracking_uri(), dst_path=str(in_tmp / "dl"))
+    state = torch.load(Path(local) / "model.pt", weights_only=True)
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+    model = load_checkpoint(local)
+    test = smoke_corpus.test
+    correct = 0
+    with torch.no_grad():
+        for batch in iter_batches(test, 64, shuffle=False):
+            correct += int((model(batch.tokens).argmax(-1) == batch.labels).sum())
+    assert correct / len(test) == pytest.approx(run.data.metrics[R.TEST_ACC])
+    parent_files = {a.path for a in client.list_artifacts(recorder.parent_run_id, R.ARTIFACT_RESULTS_DIR)}
+    assert parent_files == set()  # the CSVs are logged by the sweep script, tested below
+
+
+def test_arxiv_grid_script_end_to_end(local_ray, in_tmp, cache_dir, capsys):
+    """The script as a user runs it: CSVs written and logged to the parent run, a compact table printed."""
+    from mlflow.tracking import MlflowClient
+
+    grid = load_script("sweeps/arxiv_grid.py")
+    code = grid.main(["--preset", "arxiv", "--synthetic", "--smoke", "--cache-dir", str(cache_dir),
+                      "--pe-types", "sinusoidal,rope", "--fusions", "add,mlp_gate", "--seeds", "0", "--name", "e2e",
+                      "--no-dashboard"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "4 trials, 4 ok, 0 failed" in out
+    by_seed = pd.read_csv(in_tmp / "results" / "e2e_results_by_seed.csv")
+    agg = pd.read_csv(in_tmp / "results" / "e2e_results_aggregated.csv")
+    assert len(by_seed) == 4 and set(by_seed[R.STATUS]) == {R.STATUS_OK}
+    assert len(agg) == 4 and (agg["n_seeds"] == 1).all() and (agg["n_failed"] == 0).all()
+    client = MlflowClient(resolve_tracking_uri())
+    exp = client.get_experiment_by_name("pe-fusion")
+    (parent,) = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
+    assert parent.data.tags[R.TAG_SWEEP] == "arxiv_grid" and "arxiv_grid.py" in parent.data.tags[R.TAG_COMMAND]
+    assert parent.data.metrics["n_failed"] == 0
+    logged = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, R.ARTIFACT_RESULTS_DIR)}
+    assert logged == {"e2e_results_by_seed.csv", "e2e_results_aggregated.csv"}
+
+
+def test_lr_batch_asha_stops_trials_early(local_ray, in_tmp, cache_dir, capsys):
+    asha = load_script("sweeps/lr_batch_asha.py")
+    code = asha.main(["--preset", "arxiv", "--synthetic", "--smoke", "--cache-dir", str(cache_dir),
+                      "--search", "optuna", "--num-samples", "6", "--max-t", "4", "--reduction-factor", "2",
+                      "--name", "asha", "--no-dashboard"])
+    assert code == 0
+    out = capsys.readouterr().out
+    rows = pd.read_csv(in_tmp / "results" / "asha_results_by_seed.csv")
+    assert len(rows) == 6 and rows["lr"].nunique() == 6
+    assert (rows[R.STATUS] == R.STATUS_STOPPED).sum() >= 1  # ASHA stopped someone
+    assert (rows[R.STATUS] == R.STATUS_OK).sum() >= 1  # and someone trained the whole budget and was tested
+    assert rows.loc[rows[R.STATUS] == R.STATUS_OK, R.TEST_ACC].notna().all()
+    assert rows[R.EPOCHS_RUN].sum() < 6 * 4
+    assert "best configuration:" in out and f"of {6 * 4} without early stopping" in out
