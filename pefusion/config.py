@@ -264,4 +264,14 @@ PRESETS: dict[str, Preset] = {
                           grad_clip=1.0, early_stopping=False),
         data=DataConfig(dataset="ag_news", dataset_config=None, max_len=512),
     ),
+    # Calibrated on the synthetic corpus (its signal lies in the first 32 tokens): sinusoidal+add passes 90%
+    # validation accuracy within ~3-5 epochs (~1.5 CPU-s each, 1 thread), pe_type='none' stays at chance (25%).
+    # Edges (128, 512) split the corpus's 32..2048-token documents into three equal length buckets.
+    "demo": Preset(
+        description="The bundled synthetic corpus (4 classes decided by word order), a tiny model: seconds per trial.",
+        model=ModelConfig(d_model=32, nhead=4, num_layers=1, dim_ff=64, dropout=0.1, max_len=64),
+        train=TrainConfig(lr=3e-3, batch_size=32, max_epochs=10, optimizer="adam", early_stopping=True,
+                          patience=3, min_delta=1e-4, timing_repeats=5, timing_warmup=2),
+        data=DataConfig(synthetic=True, max_len=64, length_edges=(128, 512)),
+    ),
 }
