@@ -1,0 +1,168 @@
+"""Sweeps driven as a user drives them, in separate processes: a driver killed with SIGKILL then `--resume`,
+`--address auto` against a `ray start --head` cluster, and tracking on a real `mlflow server`."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import REPO, free_port
+from pefusion import record as R
+from pefusion.fusion_sweep import TIMING_COLUMNS
+
+pytestmark = pytest.mark.subprocess_ray
+
+GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "3", "--pe-types", "sinusoidal",
+        "--fusions", "add,concat,gate_scalar", "--seeds", "0,1", "--max-concurrent", "1", "--num-cpus", "2",
+        "--no-dashboard"]
+
+
+def _sweep(cwd: Path, *args: str, tracking: str, cache_dir: Path, wait: bool = True, timeout: float = 600):
+    cmd = [sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *args, "--tracking-uri", tracking,
+           "--cache-dir", str(cache_dir)]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    if not wait:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _finished_trials(db: Path) -> set[str]:
+    """Trial ids whose MLflow child run has its final status tag (read straight from the sqlite file)."""
+    if not db.exists():
+        return set()
+    try:
+        with sqlite3.connect(db, timeout=1) as con:
+            rows = con.execute("SELECT t2.value FROM tags t1 JOIN tags t2 ON t1.run_uuid = t2.run_uuid "
+                               "WHERE t1.key = ? AND t2.key = ?", (R.TAG_STATUS, R.TAG_TRIAL_ID)).fetchall()
+    except sqlite3.OperationalError:  # tables not created yet
+        return set()
+    return {r[0] for r in rows}
+
+
+def _comparable(csv: Path) -> pd.DataFrame:
+    df = pd.read_csv(csv)
+    return df.drop(columns=[c for c in TIMING_COLUMNS if c in df]).reset_index(drop=True)
+
+
+def test_sigkill_then_resume_finishes_without_rerunning_or_duplicating(tmp_path, cache_dir):
+    full_db, killed_db = tmp_path / "full.db", tmp_path / "killed.db"
+    _sweep(tmp_path, *GRID, "--name", "full", tracking=f"sqlite:///{full_db}", cache_dir=cache_dir)
+
+    driver = _sweep(tmp_path, *GRID, "--name", "killed", tracking=f"sqlite:///{killed_db}", cache_dir=cache_dir,
+                    wait=False)
+    deadline = time.time() + 300
+    while len(_finished_trials(killed_db)) < 2:
+        assert driver.poll() is None, "the sweep ended before it could be killed"
+        assert time.time() < deadline, "no trial finished in time"
+        time.sleep(0.2)
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    finished_before_kill = _finished_trials(killed_db)
+    assert 2 <= len(finished_before_kill) < 6
+
+    _sweep(tmp_path, *GRID, "--name", "killed", "--resume", tracking=f"sqlite:///{killed_db}", cache_dir=cache_dir)
+
+    # (on CPU) the same results as the uninterrupted sweep, timing columns aside
+    pd.testing.assert_frame_equal(_comparable(tmp_path / "results" / "killed_results_by_seed.csv"),
+                                  _comparable(tmp_path / "results" / "full_results_by_seed.csv"))
+    # no trial that had finished ran again: its reports are its 3 epochs and its final record, once
+    # (a restore that races the kill may re-report the saved final record: same record, no training)
+    for trial_dir in (tmp_path / "ray_results" / "killed").glob("pefusion_trainable_*"):
+        reports = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
+        epochs, trial_id = [r.get(R.EPOCH) for r in reports], reports[-1]["trial_id"]
+        if trial_id in finished_before_kill:
+            assert epochs[:4] == [1, 2, 3, 3], (trial_id, epochs)
+            assert all(r["started_at"] == reports[3]["started_at"] and r[R.TEST_ACC] == reports[3][R.TEST_ACC]
+                       for r in reports[4:]), (trial_id, epochs)
+        else:  # resumed or started after the kill: every epoch reported at most twice (a replayed epoch)
+            assert max(epochs.count(e) for e in set(epochs)) <= 2, (trial_id, epochs)
+    # one MLflow child run per trial, each epoch logged once
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{killed_db}")
+    exp = client.get_experiment_by_name("pe-fusion")
+    parents = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
+    assert len(parents) == 1
+    children = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_PARENT}` = '{parents[0].info.run_id}'")
+    assert len(children) == 6 and len({c.data.tags[R.TAG_TRIAL_ID] for c in children}) == 6
+    for child in children:
+        assert child.info.status == "FINISHED"
+        steps = [m.step for m in client.get_metric_history(child.info.run_id, R.VAL_ACC)]
+        assert steps == sorted(set(steps)) == list(range(1, int(child.data.metrics[R.EPOCHS_RUN]) + 1))
+
+
+@pytest.fixture
+def head_node():
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    subprocess.run(["ray", "start", "--head", "--num-cpus", "2", "--include-dashboard=false",
+                    "--disable-usage-stats"], check=True, capture_output=True, env=env, timeout=120)
+    yield
+    subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=120)
+
+
+def test_address_auto_joins_a_running_cluster(tmp_path, cache_dir, head_node):
+    db = tmp_path / "mlflow.db"
+    proc = _sweep(tmp_path, "--preset", "arxiv", "--synthetic", "--smoke", "--pe-types", "rope", "--fusions",
+                  "gate_scalar", "--seeds", "0", "--address", "auto", "--name", "cluster",
+                  tracking=f"sqlite:///{db}", cache_dir=cache_dir)
+    assert "1 trials, 1 ok, 0 failed" in proc.stdout
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("pe-fusion")
+    (parent,) = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
+    assert parent.data.tags[R.TAG_RAY_ADDRESS] == "auto"
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp_path}/server.db", "--artifacts-destination",
+         str(tmp_path / "server_artifacts"), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                break
+        except OSError:
+            assert server.poll() is None and time.time() < deadline, "mlflow server did not start"
+            time.sleep(0.5)
+    yield url
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
+
+
+def test_sweep_tracks_to_a_real_mlflow_server(tmp_path, cache_dir, mlflow_server):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    _sweep(tmp_path, "--preset", "arxiv", "--synthetic", "--smoke", "--pe-types", "learned", "--fusions",
+           "add,gate_cnn", "--seeds", "0", "--name", "server", "--num-cpus", "2", "--no-dashboard",
+           tracking=mlflow_server, cache_dir=cache_dir)
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("pe-fusion")
+    children = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'trial'")
+    assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children)
+    for child in children:
+        local = mlflow.artifacts.download_artifacts(run_id=child.info.run_id, tracking_uri=mlflow_server,
+                                                    artifact_path=f"{R.ARTIFACT_CHECKPOINT_DIR}/model.pt",
+                                                    dst_path=str(tmp_path / child.info.run_id))
+        state = torch.load(local, weights_only=True)
+        assert "head.weight" in state
+    assert not (tmp_path / "mlartifacts").exists()  # artifacts went to the server, not the working directory
