@@ -54,16 +54,20 @@ def add_data_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-dir", help="token-id cache folder (default: $PEFUSION_CACHE or ~/.cache/pefusion)")
 
 
-def add_preset_flag(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument("--preset", default=default, choices=sorted(PRESETS),
-                        help=f"model, training and data defaults (default: {default}); "
-                             + "; ".join(f"{k}: {v.description}" for k, v in sorted(PRESETS.items())))
+def add_preset_flag(parser: argparse.ArgumentParser, default: str, presets=PRESETS) -> None:
+    parser.add_argument("--preset", default=default, choices=sorted(presets),
+                        help=f"defaults of everything not in the search space (default: {default}); "
+                             + "; ".join(f"{k}: {v.description}" for k, v in sorted(presets.items())))
 
 
 def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_space: str) -> None:
     g = parser.add_argument_group("sweep")
-    g.add_argument("--search-space", default=str(SEARCH_SPACES / search_space),
-                   help=f"search-space YAML file (default: search_spaces/{search_space})")
+    demo_space = search_space.replace(".yaml", "_demo.yaml")
+    has_demo = (SEARCH_SPACES / demo_space).exists()
+    g.add_argument("--search-space", default=None,
+                   help=f"search-space YAML file (default: search_spaces/{search_space}"
+                        + (f"; with --preset demo, search_spaces/{demo_space}" if has_demo else "") + ")")
+    parser.set_defaults(default_search_space=search_space)
     g.add_argument("--address", help="Ray cluster to join: 'auto' for a running `ray start --head` "
                                      "(default: start a local cluster)")
     g.add_argument("--cpus-per-trial", type=float, default=1.0, help="CPUs per trial; torch uses that many threads")
@@ -86,6 +90,16 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_
     g.add_argument("-v", "--verbose", action="count", default=1, help="more Ray output")
 
 
+def search_space_path(args: argparse.Namespace) -> str:
+    """--search-space, else the sweep's file for the preset (`<name>_demo.yaml` for --preset demo, if present)."""
+    if args.search_space:
+        return args.search_space
+    demo = SEARCH_SPACES / args.default_search_space.replace(".yaml", "_demo.yaml")
+    if getattr(args, "preset", "") == "demo" and demo.exists():
+        return str(demo)
+    return str(SEARCH_SPACES / args.default_search_space)
+
+
 def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | None = None):
     """The `SweepOptions` of the common flags (imports Ray, so call it after validating everything else).
 
@@ -101,7 +115,7 @@ def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | No
         address=args.address, cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
         num_cpus=args.num_cpus, num_gpus=args.num_gpus, max_concurrent=args.max_concurrent, resume=args.resume,
         tracking_uri=args.tracking_uri, dashboard=not args.no_dashboard, verbose=args.verbose,
-        tags={R.TAG_SEARCH_SPACE: args.search_space, "pefusion.preset": getattr(args, "preset", ""),
+        tags={R.TAG_SEARCH_SPACE: search_space_path(args), "pefusion.preset": getattr(args, "preset", ""),
               R.TAG_COMMAND: command})
 
 

@@ -107,8 +107,7 @@ def run_pefusion_sweep(corpus: EncodedCorpus, base: Preset, preset_name: str, pa
         fn, param_space, opts, preset=preset_name,
         static_params={R.DATASET: corpus.name, **flat_config(base.model, base.train)},
         run_name=trial_run_name, **tune_kwargs)
-    rows = pd.DataFrame(result_rows(results, final_keys=(R.DATASET, *R.FINAL_METRICS, R.PARAMS,
-                                                         "visible_devices", "device", "started_at", "ended_at")))
+    rows = pd.DataFrame(result_rows(results))
     fixed = {R.PE_TYPE: base.model.pe_type, R.FUSION: base.model.fusion, R.SEED: base.train.seed,
              R.DATASET: corpus.name}
     for key, value in fixed.items():  # identity of trials whose axis the space did not vary (or that failed)

@@ -124,9 +124,8 @@ class MlflowTrialCallback(tune.Callback):
                                     {k: result[k] for k in R.EPOCH_METRICS if k in result})
 
     def _final(self, trial) -> dict[str, Any]:
-        """The trial's last result without Ray's bookkeeping or the config (those are params, not metrics)."""
-        skip = set(AUTO_RESULT_KEYS) | set(trial.config) | {"trial_id", "done", R.EPOCH, "started_at", "ended_at"}
-        return {k: v for k, v in (trial.last_result or {}).items() if k not in skip}
+        return {k: v for k, v in record_only(trial.last_result or {}, trial.config).items()
+                if k not in ("started_at", "ended_at")}
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._run(trial)
@@ -209,18 +208,17 @@ def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOpt
     return tuner.fit(), recorder, exp_path, dashboard
 
 
-def result_rows(results, *, final_keys: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """One flat row per trial, failed ones included with their reason (never silently dropped)."""
+def result_rows(results) -> list[dict[str, Any]]:
+    """One flat row per trial: its config and final record; failed ones included with their reason (never
+    silently dropped); trials a scheduler stopped early with their best epoch."""
     rows = []
     for res in results:
-        metrics = dict(res.metrics or {})
-        row: dict[str, Any] = {"trial_id": metrics.get("trial_id", ""), **(res.config or {})}
+        config, metrics = dict(res.config or {}), dict(res.metrics or {})
+        row: dict[str, Any] = {"trial_id": metrics.get("trial_id", ""), **config}
         if res.error is not None:
             row.update({R.STATUS: R.STATUS_ERROR, R.ERROR: error_summary(res.error)})
         elif R.STATUS in metrics:
-            row.update({k: metrics.get(k) for k in (R.STATUS, R.ERROR, *final_keys) if k in metrics})
-            row.update({k: v for k, v in metrics.items() if k.startswith(R.LENGTH_METRIC_PREFIX)
-                        or k.startswith(R.LENGTH_COUNT_PREFIX)})
+            row.update(record_only(metrics, config))
         else:
             history = res.metrics_dataframe  # stopped by the scheduler: its best epoch so far counts
             best = history[R.VAL_ACC].max() if history is not None and R.VAL_ACC in history else None
@@ -228,3 +226,9 @@ def result_rows(results, *, final_keys: tuple[str, ...] = ()) -> list[dict[str, 
                         R.VAL_ACC: metrics.get(R.VAL_ACC), R.BEST_VAL_ACC: best})
         rows.append(row)
     return rows
+
+
+def record_only(result: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """A reported result without Ray's bookkeeping or the config (those are params, not metrics)."""
+    skip = set(AUTO_RESULT_KEYS) | set(config) | {"trial_id", "done", R.EPOCH}
+    return {k: v for k, v in result.items() if k not in skip}

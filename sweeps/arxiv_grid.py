@@ -14,7 +14,7 @@ from typing import Sequence
 
 from pefusion import record as R
 from pefusion.cli import (add_data_flags, add_preset_flag, add_sweep_flags, csv_list, resolve_preset, run_main,
-                          sweep_options)
+                          search_space_path, sweep_options)
 from pefusion.search_space import PEFUSION_RULES, check_pe_fusion_pairs, grid_size, load_search_space, to_tune
 from pefusion.text_data import load_corpus
 from pefusion.tracking import PEFUSION_EXPERIMENT
@@ -35,7 +35,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     preset = resolve_preset(args)
-    space = load_search_space(args.search_space, PEFUSION_RULES)
+    space = load_search_space(search_space_path(args), PEFUSION_RULES)
     for key, values in ((R.PE_TYPE, args.pe_types), (R.FUSION, args.fusions), (R.SEED, args.seeds)):
         if values:
             space = space.override_values(key, values)

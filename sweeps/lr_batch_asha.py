@@ -15,7 +15,8 @@ import dataclasses
 from typing import Sequence
 
 from pefusion import record as R
-from pefusion.cli import add_data_flags, add_preset_flag, add_sweep_flags, resolve_preset, run_main, sweep_options
+from pefusion.cli import (add_data_flags, add_preset_flag, add_sweep_flags, resolve_preset, run_main,
+                          search_space_path, sweep_options)
 from pefusion.config import ConfigError
 from pefusion.search_space import PEFUSION_RULES, check_pe_fusion_pairs, load_search_space, require_no_grid, to_tune
 from pefusion.text_data import load_corpus
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError(f"--max-t={args.max_t} must be >= 1")
     preset = dataclasses.replace(preset, train=dataclasses.replace(preset.train, max_epochs=max_t,
                                                                    early_stopping=False))
-    space = load_search_space(args.search_space, PEFUSION_RULES)
+    space = load_search_space(search_space_path(args), PEFUSION_RULES)
     check_pe_fusion_pairs(space, preset.model)
     if args.search == "optuna":
         require_no_grid(space, "Optuna samples its own points")
