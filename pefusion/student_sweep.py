@@ -166,6 +166,12 @@ def student_main(sweep: str, argv: Sequence[str] | None = None) -> int:
                         (R.INIT, args.inits)):
         if values:
             space = space.override_values(key, values)
+    if args.smoke:  # the smoke budget wins over the space file's CV settings too
+        from pefusion.search_space import Constant
+
+        for key in CV_KEYS:
+            if key in space:
+                space = space.override(key, Constant(preset.cv[key]))
     if sweep == "phase_diagram" and R.INIT in space:
         raise ConfigError("init: a phase-diagram trial fits both initialisations; remove 'init' from the space")
     for combo in _grid_points(space):  # every point must be valid before Ray starts

@@ -182,3 +182,42 @@ def test_lr_batch_asha_stops_trials_early(local_ray, in_tmp, cache_dir, capsys):
     assert rows.loc[rows[R.STATUS] == R.STATUS_OK, R.TEST_ACC].notna().all()
     assert rows[R.EPOCHS_RUN].sum() < 6 * 4
     assert "best configuration:" in out and f"of {6 * 4} without early stopping" in out
+
+
+def test_lambda_cv_sweep_records_points_curves_and_lambda_star(local_ray, in_tmp, capsys):
+    from mlflow.tracking import MlflowClient
+
+    cv = load_script("sweeps/lambda_cv.py")
+    code = cv.student_main("lambda_cv", ["--smoke", "--alphas", "0.5,1.5", "--seeds", "0", "--name", "cv",
+                                         "--no-dashboard"])
+    assert code == 0
+    rows = pd.read_csv(in_tmp / "results" / "cv_results.csv")
+    assert len(rows) == 4 and set(rows[R.STATUS]) == {R.STATUS_OK}
+    assert set(zip(rows[R.ALPHA], rows[R.INIT])) == {(a, i) for a in (0.5, 1.5) for i in ("semantic", "positional")}
+    lam_grid = set(np.logspace(-4, 0, 3))  # the smoke grid: 3 values in [1e-4, 1]
+    assert all(min(abs(l - g) for g in lam_grid) < 1e-12 for l in rows[R.LAMBDA_STAR])
+    for key in (R.EPS_G, R.EPS_T, R.M, R.THETA, R.EPS_LIN):
+        assert rows[key].notna().all() and (rows[key] >= 0).all()
+    # the linear baseline sees z only: the same for both initialisations at a point
+    assert rows.groupby(R.ALPHA)[R.EPS_LIN].nunique().eq(1).all()
+
+    client = MlflowClient(resolve_tracking_uri())
+    exp = client.get_experiment_by_name("student-attention")
+    runs = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'trial'")
+    assert len(runs) == 4
+    run = runs[0]
+    assert {R.ALPHA, R.INIT, R.SEED, R.OMEGA, R.SIGMA, "d"} <= set(run.data.params)
+    assert {R.EPS_G, R.EPS_T, R.M, R.THETA, R.EPS_LIN, R.LAMBDA_STAR} <= set(run.data.metrics)
+    assert R.CV_CURVE_ARTIFACT in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_phase_diagram_rejects_an_init_axis_and_bad_points(in_tmp):
+    cv = load_script("sweeps/phase_diagram.py")
+    space = in_tmp / "space.yaml"
+    space.write_text("alpha: {grid: [0.5]}\ninit: {grid: [semantic, positional]}\n")
+    with pytest.raises(ConfigError, match="fits both initialisations"):
+        cv.student_main("phase_diagram", ["--smoke", "--search-space", str(space)])
+    with pytest.raises(ConfigError, match="alpha"):
+        cv.student_main("phase_diagram", ["--smoke", "--alphas", "0"])
+    with pytest.raises(ConfigError, match="omega"):
+        cv.student_main("phase_diagram", ["--smoke", "--omegas", "1.5"])
