@@ -7,6 +7,7 @@ in every CSV are in percent and accuracy deltas in percentage points (see pefusi
 from __future__ import annotations
 
 import argparse
+import sys
 import base64
 import html
 import math
@@ -33,6 +34,16 @@ def add_source_flags(parser: argparse.ArgumentParser, experiment: str,
     parser.add_argument("--parent-run", help="analyse the trials of this sweep parent run (id or unique prefix); "
                                              f"default: {parent_default}")
     parser.add_argument("--out", default="results", help="output folder (default: results/)")
+
+
+def load_sweep_from_args(args: argparse.Namespace, latest_sweep: bool = False):
+    """The runs the source flags name, with the notes a reader must know printed to stderr."""
+    from pefusion.analysis import load_sweep, notes
+
+    sweep = load_sweep(args.tracking_uri, args.experiment, args.parent_run, latest_sweep=latest_sweep)
+    for note in notes(sweep):
+        print(f"note: {note}", file=sys.stderr)
+    return sweep
 
 
 def _write_csv(frame: pd.DataFrame, path: Path) -> Path:

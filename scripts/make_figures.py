@@ -9,12 +9,11 @@ phase diagram with the published α_c(ω) curve.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Sequence
 
-from pefusion.analysis import load_sweep, notes, published_alpha_curves
+from pefusion.analysis import published_alpha_curves
 from pefusion.cli import run_main
-from pefusion.report import add_source_flags, write_figures
+from pefusion.report import add_source_flags, load_sweep_from_args, write_figures
 from pefusion.tracking import PEFUSION_EXPERIMENT
 
 
@@ -23,9 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_source_flags(parser, PEFUSION_EXPERIMENT)
     parser.add_argument("--baseline", default="add", help="baseline fusion of the paired deltas (default: add)")
     args = parser.parse_args(argv)
-    sweep = load_sweep(args.tracking_uri, args.experiment, args.parent_run)
-    for note in notes(sweep):
-        print(f"note: {note}", file=sys.stderr)
+    sweep = load_sweep_from_args(args)
     alpha_c, alpha_l = published_alpha_curves()
     for path in write_figures(sweep.trials, args.out, args.baseline, alpha_c, alpha_l):
         print(f"wrote {path} (+ .pdf)")

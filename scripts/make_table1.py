@@ -8,12 +8,10 @@ paper's Table 3 values stand beside ours.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Sequence
 
-from pefusion.analysis import load_sweep, notes
 from pefusion.cli import run_main
-from pefusion.report import add_source_flags, write_table1
+from pefusion.report import add_source_flags, load_sweep_from_args, write_table1
 from pefusion.tracking import PEFUSION_EXPERIMENT
 
 
@@ -21,9 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_source_flags(parser, PEFUSION_EXPERIMENT)
     args = parser.parse_args(argv)
-    sweep = load_sweep(args.tracking_uri, args.experiment, args.parent_run)
-    for note in notes(sweep):
-        print(f"note: {note}", file=sys.stderr)
+    sweep = load_sweep_from_args(args)
     for path in write_table1(sweep.trials, args.out):
         if path.suffix == ".md":
             print(path.read_text())

@@ -8,12 +8,10 @@ Wilcoxon signed-rank p-values; writes paired_deltas_<dataset>.csv, the per-seed 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Sequence
 
-from pefusion.analysis import load_sweep, notes
 from pefusion.cli import run_main
-from pefusion.report import add_source_flags, write_paired_deltas
+from pefusion.report import add_source_flags, load_sweep_from_args, write_paired_deltas
 from pefusion.tracking import PEFUSION_EXPERIMENT
 
 
@@ -22,9 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_source_flags(parser, PEFUSION_EXPERIMENT)
     parser.add_argument("--baseline", default="add", help="fusion every other fusion is compared with (default: add)")
     args = parser.parse_args(argv)
-    sweep = load_sweep(args.tracking_uri, args.experiment, args.parent_run)
-    for note in notes(sweep):
-        print(f"note: {note}", file=sys.stderr)
+    sweep = load_sweep_from_args(args)
     for path in write_paired_deltas(sweep.trials, args.out, args.baseline):
         if path.suffix == ".csv" and not path.stem.startswith("paired_deltas_per_seed"):
             print(path.read_text())

@@ -9,12 +9,11 @@ the page to the sweep's MLflow parent run under results/.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Sequence
 
-from pefusion.analysis import load_sweep, notes, published_alpha_curves
+from pefusion.analysis import published_alpha_curves
 from pefusion.cli import run_main
-from pefusion.report import add_source_flags, build_report
+from pefusion.report import add_source_flags, build_report, load_sweep_from_args
 from pefusion.tracking import PEFUSION_EXPERIMENT
 
 
@@ -26,9 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baseline", default="add", help="baseline fusion of the paired deltas (default: add)")
     parser.add_argument("--no-log", action="store_true", help="do not log the report to the MLflow parent run")
     args = parser.parse_args(argv)
-    sweep = load_sweep(args.tracking_uri, args.experiment, args.parent_run, latest_sweep=not args.all_runs)
-    for note in notes(sweep):
-        print(f"note: {note}", file=sys.stderr)
+    sweep = load_sweep_from_args(args, latest_sweep=not args.all_runs)
     alpha_c, alpha_l = published_alpha_curves()
     page, written = build_report(sweep, args.out, args.baseline, alpha_c, alpha_l, log_to_mlflow=not args.no_log)
     for path in written:

@@ -2,8 +2,6 @@
 ASHA, and the bad-input matrix (rejected before Ray starts)."""
 from __future__ import annotations
 
-import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +45,6 @@ def test_fractional_gpus_run_four_trials_at_once(local_ray, in_tmp, smoke_preset
 
     def trainable_with_barrier(config, **kwargs):
         # Every trial waits until all four have started: this only passes if they really run at once.
-        import os
         import time as _time
         from pathlib import Path as _P
 
