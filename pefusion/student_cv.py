@@ -7,21 +7,24 @@ the refit sees all n. The refit at λ* is then the already trained all-n replica
 fit a second run would produce), and its metrics are the point's result.
 
 `run_phase_point` fits the semantic and positional initialisations together at one λ and says which reaches the
-lower training loss (the global minimum), for the phase diagram.
+lower training loss (the global minimum), for the phase diagram. `reproduction_report` is the issue's check of
+the published numbers, built on it.
 """
 from __future__ import annotations
 
 import math
+import numbers
 import time
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 
 from pefusion import record as R
 from pefusion.config import ConfigError
-from pefusion.student import (GLOBAL_MIN, SECONDS, StudentConfig, attention_errors, config_record, fit_linear,
-                              fit_students, initial_q, point_data, point_metrics, rng)
+from pefusion.student import (GLOBAL_MIN, REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, SECONDS,
+                              StudentConfig, attention_errors, config_record, fit_linear, fit_students, initial_q,
+                              point_data, point_metrics, rng)
 
 DEFAULT_FOLDS = 5
 DEFAULT_LAM_GRID: tuple[float, ...] = tuple(float(x) for x in np.logspace(-4, 0, 9))  # 1e-4 … 1
@@ -38,7 +41,7 @@ def kfold_masks(n: int, folds: int, seed: int) -> torch.Tensor:
 
     The held-out sets are disjoint, cover all n samples and differ in size by at most one; the assignment is a
     permutation drawn from the seed's 'folds' stream, so it is deterministic for the seed."""
-    if not (isinstance(folds, int) and 2 <= folds <= n):
+    if isinstance(folds, bool) or not isinstance(folds, numbers.Integral) or not 2 <= folds <= n:
         raise ConfigError(f"folds={folds!r} is out of range; it must be an integer in [2, n={n}]")
     perm = torch.randperm(n, generator=rng(seed, "folds"))
     fold_of = torch.empty(n, dtype=torch.long)
@@ -105,3 +108,32 @@ def run_phase_point(alpha: float, omega: float, sigma: float, lam: float, seed: 
     out[GLOBAL_MIN] = min(PHASE_INITS, key=lambda init: out[f"{R.EPS_T}_{init}"])
     return out | {SECONDS: time.perf_counter() - start}
 
+
+def reproduction_report(d: int = REPRODUCTION_POINT["d"], seeds: Sequence[int] = (0, 1, 2),
+                        n_test: int = REPRODUCTION_POINT["n_test"], tolerance: float = 0.10,
+                        order: Mapping[float, str] = REPRODUCTION_ORDER, **config: object) -> dict:
+    """The issue's reproduction check: the seed-mean of ε_g (both inits), ε_lin, θ (semantic), m (positional)
+    at α = 2 against the published values within `tolerance` (relative), and, for each α of `order`, whether
+    the expected initialisation has the lower training loss (seed-mean of ε_t). `config` overrides other
+    StudentConfig fields (e.g. iters). Returns {"points": per-seed phase-point records, "checks": [{quantity,
+    measured, published, pass, ...}]}."""
+    base = {"omega": REPRODUCTION_POINT["omega"], "sigma": REPRODUCTION_POINT["sigma"],
+            "lam": REPRODUCTION_POINT["lam"], "d": d} | config
+    points, checks = [], []
+    at_alpha = [run_phase_point(alpha=REPRODUCTION_POINT["alpha"], seed=s, n_test=n_test, **base) for s in seeds]
+    points += at_alpha
+    for key, published in REPRODUCTION_PUBLISHED.items():
+        measured = float(np.mean([p[key] for p in at_alpha]))
+        rel = (measured - published) / published
+        checks.append({"quantity": key, "alpha": REPRODUCTION_POINT["alpha"], "measured": measured,
+                       "published": published, "rel_diff": rel, "pass": bool(abs(rel) <= tolerance)})
+    for alpha, expected in order.items():
+        # ε_g is not needed for the order: a small test set keeps these points cheap
+        at = [run_phase_point(alpha=alpha, seed=s, n_test=1000, **base) for s in seeds]
+        points += at
+        gap = float(np.mean([p[f"{R.EPS_T}_positional"] - p[f"{R.EPS_T}_semantic"] for p in at]))
+        lower = "semantic" if gap > 0 else "positional"
+        checks.append({"quantity": "lower_training_loss", "alpha": alpha, "measured": lower, "published": expected,
+                       "eps_t_pos_minus_sem": gap, "per_seed": [p[GLOBAL_MIN] for p in at],
+                       "pass": lower == expected})
+    return {"points": points, "checks": checks}

@@ -1,0 +1,438 @@
+"""The teacher–student model of dot-product attention of Cui, Behrens, Krzakala & Zdeborová (NeurIPS 2024), SPEC §4.
+
+Teacher: y = (1−ω)·softmax(z Q* Q*ᵀ zᵀ / d)·z + ω·A·z on tokens z_l ~ N(0, σ² I_d), L = 2.
+Student: ŷ = softmax((xQ)(xQ)ᵀ / d)·x on x_l = z_l + p_l, p_1 = −p_2 = 1_d/√d, Q ∈ R^{d×r} (query = key).
+Objective: Σ_μ ‖ŷ_μ − y_μ‖²/(2d) + (λ/2)‖Q‖², full-batch GD (lr 0.15, 5 000 steps) or Adam (lr 0.01, 2 500).
+
+Why the code looks the way it does: with L = 2 the softmax over two tokens is a sigmoid of a score difference,
+so ŷ_l = (x_1 + x_2)/2 + v_l·(x_1 − x_2) with v_l = a_l − ½ a scalar per (sample, token). Expanding ‖ŷ_l − y_l‖²
+leaves three d-dimensional dot products per sample (`SampleStats`), computed ONCE; every step then only needs the
+projections s = xQ (one matmul over the 2n × d inputs) and the gradient (∂loss/∂s)ᵀ·X (a second one). Many
+students sharing a point's data (λ × folds × inits × seeds) are rows of the same two matmuls: R replicas are
+held as W = stacked Qᵀ, (R·r, d), and each has its own per-sample weights (a fold's training mask) and its λ.
+Centring at v = a − ½ (not a) keeps the expanded terms small, which is what keeps float32 accurate (see tests).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from dataclasses import asdict, dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from pefusion import record as R
+from pefusion.config import ConfigError
+
+# ---------------------------------------------------------------------------------------------------------
+# Published facts (σ = 0.5, λ = 0.01): ω -> α
+# ---------------------------------------------------------------------------------------------------------
+
+# α_c(ω): the training losses of the semantic and positional solutions cross (positional lower below it).
+ALPHA_C_PUBLISHED: dict[float, float] = {
+    0.0: 0.548, 0.1: 0.707, 0.15: 0.818, 0.2: 0.928, 0.25: 1.06, 0.3: 1.241, 0.35: 1.454, 0.4: 1.751, 0.425: 1.939,
+}
+# α_l(ω): semantic attention starts to beat the dense linear baseline in ε_g.
+ALPHA_L_PUBLISHED: dict[float, float] = {0.0: 0.722, 0.1: 0.851, 0.2: 1.071, 0.3: 1.4506, 0.35: 1.750, 0.38: 1.993}
+# The reproduction point of issue #4: d = 1000, σ = 0.5, ω = 0.3, λ = 0.01, α = 2, full-batch GD, 50 000 test
+# samples, mean over 3 data seeds; and which initialisation reaches the lower training loss at two α.
+REPRODUCTION_POINT = {"d": 1000, "sigma": 0.5, "omega": 0.3, "lam": 0.01, "alpha": 2.0, "n_test": 50_000}
+REPRODUCTION_PUBLISHED = {"eps_g_semantic": 0.00144, "eps_g_positional": 0.00349, "eps_lin": 0.0020,
+                          "theta_semantic": 0.63, "m_positional": 0.26}
+REPRODUCTION_ORDER = {1.0: "positional", 1.6: "semantic"}  # α -> the init with the lower training loss
+
+# ---------------------------------------------------------------------------------------------------------
+# Names and configuration
+# ---------------------------------------------------------------------------------------------------------
+
+TEACHER_A: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
+    "default": ((0.6, 0.4), (0.4, 0.6)),
+    "alt": ((0.3, 0.7), (0.8, 0.2)),
+}
+INITS = ("semantic", "positional", "random")
+OPTIMS = ("gd", "adam")
+OPTIM_DEFAULTS = {"gd": (0.15, 5000), "adam": (0.01, 2500)}  # (lr, iterations), the authors' settings
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+# Linear baseline protocol (the authors'): Adam lr 0.5, 200 full-batch epochs, weight decay 1e-4.
+LINEAR_LR, LINEAR_EPOCHS, LINEAR_WEIGHT_DECAY = 0.5, 200, 1e-4
+
+# Result keys that are not in pefusion.record yet (kept here, in one place).
+SECONDS = "seconds"
+GLOBAL_MIN = "global_min"
+N_TRAIN = "n"
+
+# Test data is streamed in chunks of this many token entries (5 000 samples at d = 1000, L = 2): about 0.4 GB of
+# float64 work arrays at most, whatever n_test. The chunking is part of the test set's definition (random stream).
+TEST_CHUNK_ENTRIES = 10_000_000
+
+
+@dataclass(frozen=True)
+class StudentConfig:
+    """One point of the student study: data (d, L, σ, ω, A, α, seed), student (r, init) and optimiser."""
+
+    d: int = 1000
+    L: int = 2
+    sigma: float = 0.5
+    omega: float = 0.3
+    teacher_A: str = "default"
+    r: int = 1
+    alpha: float = 2.0
+    lam: float = 0.01
+    init: str = "semantic"
+    seed: int = 0
+    optim: str = "gd"
+    lr: float | None = None  # None: the optimiser's default (0.15 GD, 0.01 Adam)
+    iters: int | None = None  # None: the optimiser's default (5000 GD, 2500 Adam)
+    n_test: int = 50_000
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for key, minimum in (("d", 2), ("L", 2), ("r", 1), ("seed", 0), ("n_test", 1)):
+            self._integer(key, minimum)
+        if self.L != 2:
+            raise ConfigError(f"L={self.L!r} is not supported; the student model is implemented for L=2 tokens")
+        for key in ("sigma", "alpha"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{key}={value!r} is out of range; it must be > 0")
+        if not (math.isfinite(self.omega) and 0.0 <= self.omega <= 1.0):
+            raise ConfigError(f"omega={self.omega!r} is out of range; it must be in [0, 1]")
+        if not (math.isfinite(self.lam) and self.lam >= 0):
+            raise ConfigError(f"lam={self.lam!r} is out of range; it must be >= 0")
+        if self.n < 1:
+            raise ConfigError(f"alpha*d={self.alpha * self.d:g} gives no training sample; increase alpha or d")
+        for key, allowed in (("teacher_A", TEACHER_A), ("init", INITS), ("optim", OPTIMS), ("dtype", DTYPES)):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"{key}={getattr(self, key)!r} is not allowed; choose one of: {', '.join(allowed)}")
+        if self.lr is None:
+            object.__setattr__(self, "lr", OPTIM_DEFAULTS[self.optim][0])
+        if self.iters is None:
+            object.__setattr__(self, "iters", OPTIM_DEFAULTS[self.optim][1])
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr={self.lr!r} is out of range; it must be > 0")
+        self._integer("iters", 0)
+
+    def _integer(self, key: str, minimum: int) -> None:
+        """Integral values (also numpy's, as Ray Tune may pass) become int; others are a ConfigError."""
+        value = getattr(self, key)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+            raise ConfigError(f"{key}={value!r} is out of range; it must be an integer >= {minimum}")
+        object.__setattr__(self, key, int(value))
+
+    @property
+    def n(self) -> int:
+        """Training samples, n = round(α·d)."""
+        return int(round(self.alpha * self.d))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Random streams: one seed, independent streams for teacher, training data, test data, init and folds
+# ---------------------------------------------------------------------------------------------------------
+
+_STREAMS = {"teacher": 0, "train": 1, "test": 2, "init": 3, "folds": 4}
+
+
+def rng(seed: int, stream: str) -> torch.Generator:
+    """A CPU generator for one named stream of a data seed (streams do not overlap, so e.g. the test set
+    does not depend on n and the teacher does not depend on α)."""
+    state = np.random.SeedSequence((seed, _STREAMS[stream])).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Teacher data
+# ---------------------------------------------------------------------------------------------------------
+
+
+def teacher_matrix(name: str = "default") -> torch.Tensor:
+    """The positional part A of the teacher, (L, L)."""
+    return torch.tensor(TEACHER_A[name], dtype=torch.float32)
+
+
+def draw_q_star(d: int, r: int, seed: int) -> torch.Tensor:
+    """Teacher weights Q* ~ N(0, I_d), (d, r), one per data seed."""
+    return torch.randn(d, r, generator=rng(seed, "teacher"))
+
+
+def teacher_outputs(z: torch.Tensor, q_star: torch.Tensor, omega: float, A: torch.Tensor) -> torch.Tensor:
+    """y = (1−ω)·softmax(z Q* Q*ᵀ zᵀ / d)·z + ω·A·z for every sample at once. z (n, L, d) -> y (n, L, d).
+
+    Works for any L (A is (L, L)); the teacher never sees positional encodings."""
+    d = z.shape[-1]
+    t = z @ q_star  # (n, L, r)
+    att = torch.softmax(t @ t.transpose(1, 2) / d, dim=-1)  # (n, L, L), rows over tokens
+    mix = (1.0 - omega) * att + omega * A.to(z.dtype)  # (n, L, L)
+    return mix @ z  # (n, L, d)
+
+
+def sample_tokens(n: int, L: int, d: int, sigma: float, generator: torch.Generator) -> torch.Tensor:
+    """z_l ~ N(0, σ² I_d), (n, L, d), float32."""
+    return torch.randn(n, L, d, generator=generator).mul_(sigma)
+
+
+def positional_encodings(d: int, L: int = 2, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """p_1 = +1_d/√d, p_2 = −1_d/√d (unit norm), (L, d)."""
+    if L != 2:
+        raise ConfigError(f"L={L} is not supported; the positional encodings are defined for L=2")
+    p = torch.full((d,), 1.0 / math.sqrt(d), dtype=dtype)
+    return torch.stack([p, -p])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-sample statistics: everything the losses need from the d-dimensional data, computed once
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SampleStats:
+    """What the attention and linear losses need from n samples (computed in float64).
+
+    Attention, with mid = (x_1 + x_2)/2 and diff = x_1 − x_2:  ŷ_l − y_l = (mid − y_l) + v_l·diff, where
+    v_l = a_l − ½ and a_l is token l's attention on token 1, so ‖ŷ_l − y_l‖²/(2d) = c_l + 2 v_l b_l + v_l² g with
+    c_l = ‖mid − y_l‖²/(2d), b_l = diff·(mid − y_l)/(2d), g = ‖diff‖²/(2d). The inputs are stored divided by √d,
+    so that xs·Q = s/√d and the attention logits are plain products of projections.
+    Linear baseline (ŷ = B z), float64: zz = z zᵀ, zy[k, l] = z_k·y_l, yy_l = ‖y_l‖²."""
+
+    xs: torch.Tensor  # (L*n, d) student inputs / √d, token-major: row l·n + μ is x_{μ,l}/√d
+    c: torch.Tensor  # (L, n)
+    b: torch.Tensor  # (L, n)
+    g: torch.Tensor  # (n,)
+    zz: torch.Tensor  # (n, L, L) float64
+    zy: torch.Tensor  # (n, L, L) float64
+    yy: torch.Tensor  # (n, L) float64
+
+    @property
+    def n(self) -> int:
+        return self.g.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.xs.shape[1]
+
+
+def sample_stats(z: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.float32) -> SampleStats:
+    """Student inputs and per-sample dot products from tokens z and teacher outputs y, both (n, L, d)."""
+    n, L, d = z.shape
+    x = z.double() + positional_encodings(d, L, torch.float64)  # (n, L, d)
+    y64, z64 = y.double(), z.double()
+    mid = 0.5 * (x[:, 0] + x[:, 1])  # (n, d)
+    diff = x[:, 0] - x[:, 1]  # (n, d)
+    res = mid[:, None, :] - y64  # (n, L, d)
+    return SampleStats(
+        xs=(x / math.sqrt(d)).transpose(0, 1).reshape(L * n, d).to(dtype),
+        c=((res * res).sum(-1) / (2 * d)).T.to(dtype).contiguous(),
+        b=((res * diff[:, None, :]).sum(-1) / (2 * d)).T.to(dtype).contiguous(),
+        g=((diff * diff).sum(-1) / (2 * d)).to(dtype),
+        zz=z64 @ z64.transpose(1, 2),
+        zy=z64 @ y64.transpose(1, 2),
+        yy=(y64 * y64).sum(-1),
+    )
+
+
+def training_data(cfg: StudentConfig, q_star: torch.Tensor) -> SampleStats:
+    """The n = α·d training samples of a point (stream 'train' of its seed)."""
+    z = sample_tokens(cfg.n, cfg.L, cfg.d, cfg.sigma, rng(cfg.seed, "train"))
+    y = teacher_outputs(z, q_star, cfg.omega, teacher_matrix(cfg.teacher_A))
+    return sample_stats(z, y, cfg.torch_dtype)
+
+
+def test_data(cfg: StudentConfig, q_star: torch.Tensor) -> Iterator[SampleStats]:
+    """Fresh samples (stream 'test' of the seed), n_test of them in chunks to bound memory."""
+    gen, A = rng(cfg.seed, "test"), teacher_matrix(cfg.teacher_A)
+    chunk = max(1, TEST_CHUNK_ENTRIES // (cfg.L * cfg.d))
+    for start in range(0, cfg.n_test, chunk):
+        z = sample_tokens(min(chunk, cfg.n_test - start), cfg.L, cfg.d, cfg.sigma, gen)
+        yield sample_stats(z, teacher_outputs(z, q_star, cfg.omega, A), cfg.torch_dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Student: per-sample errors and their gradient for R replicas at once
+# ---------------------------------------------------------------------------------------------------------
+# Replicas are held as W (R·r, d), the rows of Qᵀ stacked, so the projections of all of them are ONE matmul
+# W @ xsᵀ -> (R, r, L, n) and their gradients ONE matmul (∂loss/∂s) @ xs -> (R·r, d).
+
+
+def _as_rows(Q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Q (R, d, r) -> W (R·r, d), a fresh contiguous tensor (never a view of Q)."""
+    return Q.transpose(1, 2).reshape(-1, Q.shape[1]).to(dtype=dtype, copy=True)
+
+
+def _as_q(W: torch.Tensor, r: int) -> torch.Tensor:
+    """W (R·r, d) -> Q (R, d, r)."""
+    return W.reshape(-1, r, W.shape[1]).transpose(1, 2).contiguous()
+
+
+def _attention_terms(stats: SampleStats, W: torch.Tensor, r: int, weights: torch.Tensor | None = None):
+    """Per-sample errors ‖ŷ − y‖²_F/(2d) of the R students W (R·r, d): err (R, n); with per-sample loss weights
+    (R, n) also ∂(Σ_μ w_μ err_μ)/∂W, (R·r, d)."""
+    n = stats.n
+    s = (W @ stats.xs.T).view(-1, r, 2, n)  # (R, r, L, n): projections / √d
+    s1, s2 = s[:, :, 0], s[:, :, 1]  # (R, r, n)
+    delta = s1 - s2
+    u = torch.stack(((s1 * delta).sum(1), (s2 * delta).sum(1)), dim=1)  # (R, L, n) logit differences
+    v = torch.sigmoid(u) - 0.5  # (R, L, n)
+    err = (stats.c + v * (2.0 * stats.b + v * stats.g)).sum(1)  # (R, n)
+    if weights is None:
+        return err, None
+    # ∂err/∂v_l = 2(b_l + v_l g); ∂v/∂u = a(1 − a) = ¼ − v²; u_1 = s_1·δ, u_2 = s_2·δ with δ = s_1 − s_2
+    du = (2.0 * weights[:, None, :]) * (stats.b + v * stats.g) * (0.25 - v * v)  # (R, L, n)
+    du1, du2 = du[:, None, 0], du[:, None, 1]  # (R, 1, n)
+    grad_s = torch.stack((du1 * (s1 + delta) + du2 * s2, du2 * (delta - s2) - du1 * s1), dim=2)  # (R, r, L, n)
+    return err, grad_s.view(W.shape[0], 2 * n) @ stats.xs
+
+
+def attention_errors(stats: SampleStats, Q: torch.Tensor) -> torch.Tensor:
+    """Per-sample errors ‖ŷ_μ − y_μ‖²_F/(2d) of students Q (R, d, r) on samples `stats`: (R, n)."""
+    return _attention_terms(stats, _as_rows(Q, stats.xs.dtype), Q.shape[2])[0]
+
+
+def fit_students(stats: SampleStats, q0: torch.Tensor, lam: torch.Tensor | Sequence[float] | float,
+                 weights: torch.Tensor | None = None, *, optim: str = "gd", lr: float | None = None,
+                 iters: int | None = None) -> torch.Tensor:
+    """Train R students that share the data, full batch, as one tensor program.
+
+    q0 (R, d, r) initial weights (copied, never modified); lam (R,) weight decays (or one for all); weights
+    (R, n) per-sample loss weights (a fold's training mask; None = all ones). Each replica minimises
+    Σ_μ w_μ ‖ŷ_μ − y_μ‖²/(2d) + (λ/2)‖Q‖² by full-batch GD or torch.optim.Adam, the weight decay entering the
+    gradient as λQ (torch's L2 coupling, as SGD/Adam(weight_decay=λ)). Replicas do not interact, so a batch
+    equals the same fits run one by one. Returns the final Q, (R, d, r)."""
+    lr = OPTIM_DEFAULTS[optim][0] if lr is None else lr
+    iters = OPTIM_DEFAULTS[optim][1] if iters is None else iters
+    dtype, (n_rep, _, r) = stats.xs.dtype, q0.shape
+    W = _as_rows(q0, dtype)  # (R·r, d), a copy: q0 (e.g. the teacher's Q*) is never touched
+    lam_rows = torch.as_tensor(lam, dtype=dtype).reshape(-1).expand(n_rep).repeat_interleave(r)[:, None]
+    w = torch.ones(n_rep, stats.n, dtype=dtype) if weights is None else weights.to(dtype)
+    # Plain GD is torch.optim.SGD's update (param -= lr·grad) written out: the optimiser's per-step Python
+    # bookkeeping costs as much as the elementwise part of the step at R = 1.
+    adam = torch.optim.Adam([W], lr=lr) if optim == "adam" else None
+    for _ in range(iters):
+        _, grad = _attention_terms(stats, W, r, w)
+        grad.add_(lam_rows * W)
+        if adam is None:
+            W.add_(grad, alpha=-lr)
+        else:
+            W.grad = grad
+            adam.step()
+    return _as_q(W, r)
+
+
+def initial_q(init: str, q_star: torch.Tensor, seed: int) -> torch.Tensor:
+    """The three initialisations, (d, r): semantic = a copy of Q*, positional = 1_d/√d, random = 0.1·N(0, 1)."""
+    d, r = q_star.shape
+    if init == "semantic":
+        return q_star.clone()
+    if init == "positional":
+        return torch.full((d, r), 1.0 / math.sqrt(d))
+    if init == "random":
+        return 0.1 * torch.randn(d, r, generator=rng(seed, "init"))
+    raise ConfigError(f"init={init!r} is not allowed; choose one of: {', '.join(INITS)}")
+
+
+def overlaps(Q: torch.Tensor, q_star: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summary statistics m = |1_dᵀQ|/d and θ = |Q*ᵀQ|/d of students Q (R, d, r): two (R,) tensors.
+
+    For r > 1 these are the Euclidean / Frobenius norms of the (r,) and (r, r) overlaps."""
+    d = Q.shape[1]
+    Q = Q.double()
+    m = Q.sum(1).norm(dim=-1) / d  # (R,)
+    theta = torch.linalg.matrix_norm(q_star.double().T @ Q) / d  # (R,)
+    return m, theta
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dense linear baseline ŷ = B z, B ∈ R^{L×L}, fed z only
+# ---------------------------------------------------------------------------------------------------------
+
+
+def linear_errors(stats: SampleStats, B: torch.Tensor) -> torch.Tensor:
+    """Per-sample errors ‖Bz − y‖²/(2d) of the linear baseline: (n,)."""
+    B = B.to(torch.float64)
+    quad = torch.einsum("lk,nkj,lj->n", B, stats.zz, B)
+    cross = torch.einsum("lk,nkl->n", B, stats.zy)
+    return (quad - 2 * cross + stats.yy.sum(-1)) / (2 * stats.d)
+
+
+def fit_linear(stats: SampleStats, *, lr: float = LINEAR_LR, epochs: int = LINEAR_EPOCHS,
+               weight_decay: float = LINEAR_WEIGHT_DECAY) -> torch.Tensor:
+    """The authors' linear baseline: Adam on Σ_μ ‖B z_μ − y_μ‖²/(2d) from B = 0, full batch. Returns B (L, L).
+
+    The loss is quadratic in B, so it only needs the summed Gram matrices; the gradient is (B·Σzz − Σzyᵀ)/d."""
+    S_zz, S_zy = stats.zz.sum(0), stats.zy.sum(0)  # (L, L)
+    B = torch.zeros_like(S_zz)
+    B.grad = torch.zeros_like(B)
+    opt = torch.optim.Adam([B], lr=lr, weight_decay=weight_decay)
+    for _ in range(epochs):
+        B.grad.copy_((B @ S_zz - S_zy.T) / stats.d)
+        opt.step()
+    return B.detach()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One point: data, fits, metrics
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PointData:
+    """A point's teacher and training samples (shared by every replica fitted at that point)."""
+
+    cfg: StudentConfig
+    q_star: torch.Tensor  # (d, r)
+    train: SampleStats
+
+
+def point_data(cfg: StudentConfig) -> PointData:
+    q_star = draw_q_star(cfg.d, cfg.r, cfg.seed)
+    return PointData(cfg, q_star, training_data(cfg, q_star))
+
+
+def test_errors(data: PointData, Q: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """ε_g of students Q (R, d, r) and of the linear baseline B on n_test fresh samples: ((R,), float)."""
+    total, total_lin = torch.zeros(Q.shape[0], dtype=torch.float64), 0.0
+    for chunk in test_data(data.cfg, data.q_star):
+        total += attention_errors(chunk, Q).double().sum(1)
+        total_lin += float(linear_errors(chunk, B).sum())
+    return total / data.cfg.n_test, total_lin / data.cfg.n_test
+
+
+def training_losses(stats: SampleStats, Q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """ε_t = [Σ_μ ‖ŷ_μ − y_μ‖²/(2d) + (λ/2)‖Q‖²] / d per replica: Q (R, d, r), lam (R,) -> (R,)."""
+    data_term = attention_errors(stats, Q).double().sum(1)  # (R,)
+    reg = 0.5 * lam.double() * Q.double().pow(2).sum((1, 2))
+    return (data_term + reg) / stats.d
+
+
+def point_metrics(data: PointData, Q: torch.Tensor, lam: torch.Tensor, B: torch.Tensor) -> list[dict]:
+    """ε_t, ε_g, m, θ of students Q (R, d, r) trained on all n samples, plus the linear baseline's ε_g."""
+    eps_t = training_losses(data.train, Q, lam)
+    eps_g, eps_lin = test_errors(data, Q, B)
+    m, theta = overlaps(Q, data.q_star)
+    return [{R.EPS_T: float(eps_t[i]), R.EPS_G: float(eps_g[i]), R.M: float(m[i]), R.THETA: float(theta[i]),
+             R.EPS_LIN: eps_lin} for i in range(Q.shape[0])]
+
+
+def config_record(cfg: StudentConfig) -> dict:
+    """The point's identity under the record names (plus the remaining config fields as they are)."""
+    out = asdict(cfg)
+    renamed = {"alpha": R.ALPHA, "omega": R.OMEGA, "sigma": R.SIGMA, "init": R.INIT, "lam": R.LAMBDA, "d": R.D,
+               "seed": R.SEED}
+    return {renamed.get(k, k): v for k, v in out.items()} | {N_TRAIN: cfg.n}
+
+
+def fit_point(cfg: StudentConfig) -> dict:
+    """Fit one student (a batch of one) and the linear baseline at a point; the record of scripts/student_fit.py."""
+    start = time.perf_counter()
+    data = point_data(cfg)
+    q0 = initial_q(cfg.init, data.q_star, cfg.seed)[None]
+    lam = torch.tensor([cfg.lam])
+    Q = fit_students(data.train, q0, lam, optim=cfg.optim, lr=cfg.lr, iters=cfg.iters)
+    B = fit_linear(data.train)
+    metrics = point_metrics(data, Q, lam, B)[0]
+    return config_record(cfg) | metrics | {SECONDS: time.perf_counter() - start}
