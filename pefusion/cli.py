@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -29,6 +30,16 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
         print("interrupted", file=sys.stderr)
         code = 130
     sys.exit(code)
+
+
+def print_result(result: dict, as_json: bool) -> None:
+    """A command's result: one JSON line (for scripts and notes), or `key: value` lines for reading."""
+    if as_json:
+        print(json.dumps(result))
+        return
+    width = max(map(len, result), default=0)
+    for key, value in result.items():
+        print(f"{key:>{width}}: {value}")
 
 
 def csv_list(kind: Callable = str) -> Callable[[str], list]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Sequence
 import torch
 
 from pefusion import record as R
-from pefusion.cli import add_preset_flag, csv_list, run_main
+from pefusion.cli import add_preset_flag, csv_list, print_result, run_main
 from pefusion.config import PRESETS, split_trial_config
 from pefusion.search_space import PEFUSION_RULES, load_search_space
 from pefusion.text_data import load_corpus
@@ -80,11 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "overhead_per_trial_s": round((ray_s * args.concurrency - inside_s) / len(configs), 3),
         "failed": int((rows[R.STATUS] != R.STATUS_OK).sum()),
     }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:>28}: {v}")
+    print_result(result, args.json)
     return 0
 
 

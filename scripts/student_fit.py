@@ -8,11 +8,11 @@ Invalid inputs end in one line `error: ...` on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
+from pefusion.cli import print_result
 from pefusion.config import ConfigError
 from pefusion.student import DTYPES, INITS, OPTIMS, TEACHER_A, StudentConfig, fit_point
 
@@ -52,11 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     result = fit_point(cfg)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>10}: {value}")
+    print_result(result, args.json)
     return 0
 
 
