@@ -29,6 +29,8 @@ os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
 DEFAULT_STORAGE = "ray_results"
+# Keys Ray adds to every result besides AUTO_RESULT_KEYS.
+RAY_EXTRA_KEYS = {"trial_id", "done", "should_checkpoint", "experiment_tag", "checkpoint_dir_name"}
 
 
 @dataclass
@@ -230,5 +232,5 @@ def result_rows(results) -> list[dict[str, Any]]:
 
 def record_only(result: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """A reported result without Ray's bookkeeping or the config (those are params, not metrics)."""
-    skip = set(AUTO_RESULT_KEYS) | set(config) | {"trial_id", "done", R.EPOCH}
+    skip = set(AUTO_RESULT_KEYS) | RAY_EXTRA_KEYS | set(config) | {R.EPOCH}
     return {k: v for k, v in result.items() if k not in skip}

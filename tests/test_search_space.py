@@ -20,7 +20,7 @@ def test_every_shipped_file_loads_with_its_rules():
     files = sorted(SPACES.glob("*.yaml"))
     assert {f.stem for f in files} >= set(RULES_OF)
     for f in files:
-        space = load_search_space(f, RULES_OF[f.stem])
+        space = load_search_space(f, RULES_OF[f.stem.removesuffix("_demo")])
         assert len(space) > 0, f
         to_tune(space)  # converts without error
 
@@ -28,6 +28,9 @@ def test_every_shipped_file_loads_with_its_rules():
 def test_shipped_files_have_the_documented_sizes():
     arxiv = load_search_space(SPACES / "arxiv_grid.yaml", PEFUSION_RULES)
     assert grid_size(arxiv) == 4 * 5 * 5
+    assert grid_size(load_search_space(SPACES / "arxiv_grid_demo.yaml", PEFUSION_RULES)) == 4 * 5 * 3
+    assert grid_size(load_search_space(SPACES / "lambda_cv_demo.yaml", STUDENT_RULES)) == 8 * 2
+    assert grid_size(load_search_space(SPACES / "phase_diagram_demo.yaml", STUDENT_RULES)) == 8 * 3
     assert set(pe_fusion_pairs(arxiv)) == {(p, f) for p in ("sinusoidal", "learned", "rope", "relative")
                                           for f in ("add", "concat", "gate_scalar", "gate_cnn", "mlp_gate")}
     lr = load_search_space(SPACES / "lr_batch.yaml", PEFUSION_RULES)
