@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pefusion import encoder
-from pefusion.encoder import _ChunkedDropoutAttention, attention
+from pefusion.encoder import attention
 
 
 def reference(q, k, v, bias, keep, p):

@@ -1,0 +1,31 @@
+"""The benchmark scripts run end to end on tiny inputs and print the numbers the issues ask for (the speed
+claims themselves are measured by running the scripts, never asserted here)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def _run(*args: str, cwd) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def test_bench_train_prints_the_three_rates_for_ours_and_the_notebook(tmp_path):
+    data = tmp_path / "docs"
+    _run(str(REPO / "scripts" / "bench_train.py"), "--make-data", str(data), "--n-docs", "40", "--n-eval", "16",
+         "--max-words", "200", cwd=tmp_path)
+    assert {p.name for p in data.iterdir()} == {"train_clean.jsonl", "validation_clean.jsonl", "test_clean.jsonl"}
+    out = _run(str(REPO / "scripts" / "bench_train.py"), "--data-dir", str(data), "--max-len", "64", "--batch-size",
+               "8", "--d-model", "16", "--nhead", "2", "--num-layers", "1", "--dim-ff", "32", "--pe-type",
+               "sinusoidal", "--fusion", "gate_scalar", "--threads", "1", "--epochs", "1", "--json", cwd=tmp_path)
+    (line,) = out.stdout.strip().splitlines()
+    result = json.loads(line)
+    for key in ("train_samples_per_s", "tokenize_samples_per_s", "data_samples_per_s", "train_gflops_per_s",
+                "notebook_train_samples_per_s", "speedup_train_samples_per_s"):
+        assert result[key] > 0, key
+    assert result["n_train"] == 40 and 0 <= result["padding_fraction"] < result["notebook_padding_fraction"]
