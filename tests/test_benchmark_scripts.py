@@ -20,7 +20,7 @@ def test_bench_train_prints_the_three_rates_for_ours_and_the_notebook(tmp_path):
     _run(str(REPO / "scripts" / "bench_train.py"), "--make-data", str(data), "--n-docs", "40", "--n-eval", "16",
          "--max-words", "200", cwd=tmp_path)
     assert {p.name for p in data.iterdir()} == {"train_clean.jsonl", "validation_clean.jsonl", "test_clean.jsonl"}
-    out = _run(str(REPO / "scripts" / "bench_train.py"), "--data-dir", str(data), "--max-len", "64", "--batch-size",
+    out = _run(str(REPO / "scripts" / "bench_train.py"), "--data-dir", str(data), "--max-len", "256", "--batch-size",
                "8", "--d-model", "16", "--nhead", "2", "--num-layers", "1", "--dim-ff", "32", "--pe-type",
                "sinusoidal", "--fusion", "gate_scalar", "--threads", "1", "--epochs", "1", "--json", cwd=tmp_path)
     (line,) = out.stdout.strip().splitlines()
