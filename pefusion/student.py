@@ -67,6 +67,10 @@ N_TRAIN = "n"
 # Test data is streamed in chunks of this many token entries (5 000 samples at d = 1000, L = 2): about 0.4 GB of
 # float64 work arrays at most, whatever n_test. The chunking is part of the test set's definition (random stream).
 TEST_CHUNK_ENTRIES = 10_000_000
+# A training step visits the samples in blocks of this many input entries (2 MB of float32): the gradient matmul
+# then reads a block that the projection matmul has just read, from cache rather than from memory (measured at
+# d = 1000, α = 2, R = 30: 11 -> 7.7 ms per step for the pair of matmuls; no change at n below a block).
+FIT_BLOCK_ENTRIES = 1 << 19
 
 
 @dataclass(frozen=True)
@@ -161,20 +165,26 @@ def draw_q_star(d: int, r: int, seed: int) -> torch.Tensor:
     return torch.randn(d, r, generator=rng(seed, "teacher"))
 
 
+def teacher_mix(t: torch.Tensor, d: int, omega: float, A: torch.Tensor) -> torch.Tensor:
+    """The teacher's per-sample token mixing (1−ω)·softmax(t tᵀ / d) + ω·A from its projections t = z Q*:
+    t (n, L, r) -> (n, L, L), rows over tokens, so that y = mix · z."""
+    att = torch.softmax(t @ t.transpose(1, 2) / d, dim=-1)  # (n, L, L)
+    return (1.0 - omega) * att + omega * A.to(t.dtype)
+
+
 def teacher_outputs(z: torch.Tensor, q_star: torch.Tensor, omega: float, A: torch.Tensor) -> torch.Tensor:
     """y = (1−ω)·softmax(z Q* Q*ᵀ zᵀ / d)·z + ω·A·z for every sample at once. z (n, L, d) -> y (n, L, d).
 
     Works for any L (A is (L, L)); the teacher never sees positional encodings."""
-    d = z.shape[-1]
-    t = z @ q_star  # (n, L, r)
-    att = torch.softmax(t @ t.transpose(1, 2) / d, dim=-1)  # (n, L, L), rows over tokens
-    mix = (1.0 - omega) * att + omega * A.to(z.dtype)  # (n, L, L)
-    return mix @ z  # (n, L, d)
+    return teacher_mix(z @ q_star, z.shape[-1], omega, A) @ z  # (n, L, d)
 
 
-def sample_tokens(n: int, L: int, d: int, sigma: float, generator: torch.Generator) -> torch.Tensor:
-    """z_l ~ N(0, σ² I_d), (n, L, d), float32."""
-    return torch.randn(n, L, d, generator=generator).mul_(sigma)
+def sample_tokens(n: int, L: int, d: int, sigma: float, generator: torch.Generator,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """z_l ~ N(0, σ² I_d), (n, L, d), float32; drawn into out[:n] if given (the same numbers either way)."""
+    if out is None:
+        return torch.randn(n, L, d, generator=generator).mul_(sigma)
+    return torch.randn(n, L, d, generator=generator, out=out[:n]).mul_(sigma)
 
 
 def positional_encodings(d: int, L: int = 2, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -192,48 +202,59 @@ def positional_encodings(d: int, L: int = 2, dtype: torch.dtype = torch.float32)
 
 @dataclass
 class SampleStats:
-    """What the attention and linear losses need from n samples (computed in float64).
+    """What the attention and linear losses need from n samples.
 
     Attention, with mid = (x_1 + x_2)/2 and diff = x_1 − x_2:  ŷ_l − y_l = (mid − y_l) + v_l·diff, where
     v_l = a_l − ½ and a_l is token l's attention on token 1, so ‖ŷ_l − y_l‖²/(2d) = c_l + 2 v_l b_l + v_l² g with
-    c_l = ‖mid − y_l‖²/(2d), b_l = diff·(mid − y_l)/(2d), g = ‖diff‖²/(2d). The inputs are stored divided by √d,
-    so that xs·Q = s/√d and the attention logits are plain products of projections.
-    Linear baseline (ŷ = B z), float64: zz = z zᵀ, zy[k, l] = z_k·y_l, yy_l = ‖y_l‖²."""
+    c_l = ‖mid − y_l‖²/(2d), b_l = diff·(mid − y_l)/(2d), g = ‖diff‖²/(2d).
+    Linear baseline (ŷ = B z), float64: zz = z zᵀ, zy[k, l] = z_k·y_l, yy_l = ‖y_l‖².
+    Training data also carry the student inputs divided by √d, so that xs·Q = s/√d and the attention logits are
+    plain products of projections; test chunks do not (their projections come with the chunk, see test_errors)."""
 
-    xs: torch.Tensor  # (L*n, d) student inputs / √d, token-major: row l·n + μ is x_{μ,l}/√d
     c: torch.Tensor  # (L, n)
     b: torch.Tensor  # (L, n)
     g: torch.Tensor  # (n,)
     zz: torch.Tensor  # (n, L, L) float64
     zy: torch.Tensor  # (n, L, L) float64
     yy: torch.Tensor  # (n, L) float64
+    d: int
+    xs: torch.Tensor | None = None  # (L*n, d) student inputs / √d, token-major: row l·n + μ is x_{μ,l}/√d
 
     @property
     def n(self) -> int:
         return self.g.shape[0]
 
-    @property
-    def d(self) -> int:
-        return self.xs.shape[1]
+
+def _stats_from_products(zz: torch.Tensor, zy: torch.Tensor, yy: torch.Tensor, zp: torch.Tensor, yp: torch.Tensor,
+                         d: int, dtype: torch.dtype, xs: torch.Tensor | None = None) -> SampleStats:
+    """SampleStats from the per-sample inner products (float64) of the tokens z_l, the teacher outputs y_l and
+    p = p_1 = −p_2: zz, zy (n, L, L), yy (n, L) as in SampleStats, zp[:, l] = z_l·p, yp[:, l] = y_l·p (n, L).
+
+    With mid = (z_1 + z_2)/2 (the encodings cancel) and diff = z_1 − z_2 + 2p (‖p‖ = 1), every statistic is a
+    combination of these products, so they can come from the vectors (training) or from a token Gram (test)."""
+    mid_mid = 0.25 * zz.sum((1, 2))  # (n,)
+    mid_y = 0.5 * zy.sum(1)  # (n, L)
+    diff_mid = 0.5 * (zz[:, 0, 0] - zz[:, 1, 1]) + zp.sum(1)  # (n,)
+    diff_y = zy[:, 0] - zy[:, 1] + 2.0 * yp  # (n, L)
+    diff_diff = zz[:, 0, 0] - 2.0 * zz[:, 0, 1] + zz[:, 1, 1] + 4.0 * (zp[:, 0] - zp[:, 1]) + 4.0  # (n,)
+    return SampleStats(
+        c=((mid_mid[:, None] - 2.0 * mid_y + yy) / (2 * d)).T.to(dtype).contiguous(),
+        b=((diff_mid[:, None] - diff_y) / (2 * d)).T.to(dtype).contiguous(),
+        g=(diff_diff / (2 * d)).to(dtype),
+        zz=zz, zy=zy, yy=yy, d=d, xs=xs,
+    )
 
 
 def sample_stats(z: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.float32) -> SampleStats:
-    """Student inputs and per-sample dot products from tokens z and teacher outputs y, both (n, L, d)."""
+    """Student inputs and per-sample statistics from tokens z and teacher outputs y, both (n, L, d); the inner
+    products in float64."""
     n, L, d = z.shape
-    x = z.double() + positional_encodings(d, L, torch.float64)  # (n, L, d)
-    y64, z64 = y.double(), z.double()
-    mid = 0.5 * (x[:, 0] + x[:, 1])  # (n, d)
-    diff = x[:, 0] - x[:, 1]  # (n, d)
-    res = mid[:, None, :] - y64  # (n, L, d)
-    return SampleStats(
-        xs=(x / math.sqrt(d)).transpose(0, 1).reshape(L * n, d).to(dtype),
-        c=((res * res).sum(-1) / (2 * d)).T.to(dtype).contiguous(),
-        b=((res * diff[:, None, :]).sum(-1) / (2 * d)).T.to(dtype).contiguous(),
-        g=((diff * diff).sum(-1) / (2 * d)).to(dtype),
-        zz=z64 @ z64.transpose(1, 2),
-        zy=z64 @ y64.transpose(1, 2),
-        yy=(y64 * y64).sum(-1),
-    )
+    P = positional_encodings(d, L, torch.float64)  # (L, d)
+    z64, y64 = z.double(), y.double()
+    x = z64 + P  # (n, L, d)
+    return _stats_from_products(zz=z64 @ z64.transpose(1, 2), zy=z64 @ y64.transpose(1, 2), yy=(y64 * y64).sum(-1),
+                                zp=z64 @ P[0], yp=y64 @ P[0], d=d, dtype=dtype,
+                                xs=(x / math.sqrt(d)).transpose(0, 1).reshape(L * n, d).to(dtype))
 
 
 def training_data(cfg: StudentConfig, q_star: torch.Tensor) -> SampleStats:
@@ -243,13 +264,15 @@ def training_data(cfg: StudentConfig, q_star: torch.Tensor) -> SampleStats:
     return sample_stats(z, y, cfg.torch_dtype)
 
 
-def test_data(cfg: StudentConfig, q_star: torch.Tensor) -> Iterator[SampleStats]:
-    """Fresh samples (stream 'test' of the seed), n_test of them in chunks to bound memory."""
-    gen, A = rng(cfg.seed, "test"), teacher_matrix(cfg.teacher_A)
+def test_tokens(cfg: StudentConfig) -> Iterator[torch.Tensor]:
+    """Fresh tokens (stream 'test' of the seed), n_test samples in chunks (≤ chunk, L, d) to bound memory.
+
+    The chunks are drawn into one buffer (no page faults per chunk): each is valid until the next is drawn."""
+    gen = rng(cfg.seed, "test")
     chunk = max(1, TEST_CHUNK_ENTRIES // (cfg.L * cfg.d))
+    buf = torch.empty(min(chunk, cfg.n_test), cfg.L, cfg.d)
     for start in range(0, cfg.n_test, chunk):
-        z = sample_tokens(min(chunk, cfg.n_test - start), cfg.L, cfg.d, cfg.sigma, gen)
-        yield sample_stats(z, teacher_outputs(z, q_star, cfg.omega, A), cfg.torch_dtype)
+        yield sample_tokens(min(chunk, cfg.n_test - start), cfg.L, cfg.d, cfg.sigma, gen, out=buf)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -269,28 +292,74 @@ def _as_q(W: torch.Tensor, r: int) -> torch.Tensor:
     return W.reshape(-1, r, W.shape[1]).transpose(1, 2).contiguous()
 
 
-def _attention_terms(stats: SampleStats, W: torch.Tensor, r: int, weights: torch.Tensor | None = None):
-    """Per-sample errors ‖ŷ − y‖²_F/(2d) of the R students W (R·r, d): err (R, n); with per-sample loss weights
-    (R, n) also ∂(Σ_μ w_μ err_μ)/∂W, (R·r, d)."""
-    n = stats.n
-    s = (W @ stats.xs.T).view(-1, r, 2, n)  # (R, r, L, n): projections / √d
-    s1, s2 = s[:, :, 0], s[:, :, 1]  # (R, r, n)
-    delta = s1 - s2
-    u = torch.stack(((s1 * delta).sum(1), (s2 * delta).sum(1)), dim=1)  # (R, L, n) logit differences
-    v = torch.sigmoid(u) - 0.5  # (R, L, n)
-    err = (stats.c + v * (2.0 * stats.b + v * stats.g)).sum(1)  # (R, n)
-    if weights is None:
-        return err, None
-    # ∂err/∂v_l = 2(b_l + v_l g); ∂v/∂u = a(1 − a) = ¼ − v²; u_1 = s_1·δ, u_2 = s_2·δ with δ = s_1 − s_2
-    du = (2.0 * weights[:, None, :]) * (stats.b + v * stats.g) * (0.25 - v * v)  # (R, L, n)
-    du1, du2 = du[:, None, 0], du[:, None, 1]  # (R, 1, n)
-    grad_s = torch.stack((du1 * (s1 + delta) + du2 * s2, du2 * (delta - s2) - du1 * s1), dim=2)  # (R, r, L, n)
-    return err, grad_s.view(W.shape[0], 2 * n) @ stats.xs
+def _projections(xs: torch.Tensor, W: torch.Tensor, r: int) -> torch.Tensor:
+    """s = x·Q/√d of the R students W (R·r, d) on the inputs xs (L·n, d): (R, r, L, n)."""
+    return (W @ xs.T).view(W.shape[0] // r, r, 2, -1)
+
+
+def _attention_on_first(s: torch.Tensor) -> torch.Tensor:
+    """a_l = σ(u_l), token l's attention on token 1, from the projections s (R, r, L, n): (R, L, n). u_l =
+    s_l·(s_1 − s_2) is token l's attention logit on token 1 minus that on token 2."""
+    s1, s2 = s.unbind(2)  # (R, r, n)
+    return torch.sigmoid((s * (s1 - s2)[:, :, None]).sum(1))
+
+
+def _errors(stats: SampleStats, s: torch.Tensor) -> torch.Tensor:
+    """Per-sample errors ‖ŷ − y‖²_F/(2d) = Σ_l c_l + 2 v_l b_l + v_l² g, v = a − ½, from the projections
+    s (R, r, L, n): (R, n)."""
+    v = _attention_on_first(s) - 0.5  # (R, L, n)
+    return (stats.c + v * (2.0 * stats.b + v * stats.g)).sum(1)
+
+
+def _error_gradient(s: torch.Tensor, bw: torch.Tensor, gw: torch.Tensor) -> torch.Tensor:
+    """∂(Σ_μ w_μ err_μ)/∂s of the projections s (R, r, L, n), as (R·r, L·n), from bw = 2w·(b − g/2) (R, L, n)
+    and gw = 2w·g (R, 1, n), the samples' statistics with the loss weights folded in.
+
+    ∂err/∂v_l = 2(b_l + v_l g) = 2(b_l − g/2 + a_l g); ∂v/∂u = a(1 − a); u_1 = s_1·δ, u_2 = s_2·δ with
+    δ = s_1 − s_2. Written in a rather than v = a − ½ to save elementwise passes: this runs once per block of
+    samples and step, and on small blocks the number of passes, not their size, is the cost."""
+    a = _attention_on_first(s)  # (R, L, n)
+    du = torch.addcmul(bw, a, gw).mul_(torch.addcmul(a, a, a, value=-1.0))  # (R, L, n): ∂(w·err)/∂u
+    du1, du2 = du[:, None].unbind(2)  # (R, 1, n)
+    s1, s2 = s.unbind(2)  # (R, r, n)
+    # ∂/∂s_1 = du1·(s_1 + δ) + du2·s_2 = 2 du1·s_1 + (du2 − du1)·s_2;  ∂/∂s_2 = (du2 − du1)·s_1 − 2 du2·s_2
+    cross = du2 - du1
+    grad_s = torch.empty_like(s)
+    g1, g2 = grad_s.unbind(2)
+    torch.mul(cross, s2, out=g1).addcmul_(du1, s1, value=2.0)
+    torch.mul(cross, s1, out=g2).addcmul_(du2, s2, value=-2.0)
+    return grad_s.view(-1, s.shape[2] * s.shape[3])
+
+
+def _sample_blocks(stats: SampleStats, weights: torch.Tensor, r: int) -> list[tuple[torch.Tensor, ...]]:
+    """The blocks a training step visits, [(rows, xs, bw, gw)], for the R replicas' per-sample loss weights
+    (R, n): the samples in equal blocks of at most FIT_BLOCK_ENTRIES input entries, grouped by the replicas that
+    train on them when each group fills at least half a block (a K-fold split has K groups; a fold's students
+    then never touch their held-out samples; smaller groups would cost more in blocks than they save).
+    rows (R'·r,) are the rows of W of the R' replicas in a block, xs (L·m, d) its inputs (contiguous,
+    token-major like stats.xs), bw, gw its statistics and those replicas' weights as _error_gradient takes them."""
+    n, d = stats.n, stats.d
+    xs = stats.xs.view(2, n, d)
+    patterns, group = torch.unique(weights != 0, dim=1, return_inverse=True)  # (R, P), (n,)
+    if int(torch.bincount(group).min()) * 2 * d < FIT_BLOCK_ENTRIES // 2:
+        patterns, group = torch.ones(len(weights), 1, dtype=torch.bool), torch.zeros(n, dtype=torch.long)
+    blocks = []
+    for p in range(patterns.shape[1]):
+        replicas = patterns[:, p].nonzero()[:, 0]  # (R',)
+        samples = (group == p).nonzero()[:, 0]
+        if len(replicas) == 0:
+            continue
+        rows = (replicas[:, None] * r + torch.arange(r)).reshape(-1)  # (R'·r,)
+        for idx in samples.tensor_split(-(-len(samples) * 2 * d // FIT_BLOCK_ENTRIES)):
+            w2 = 2.0 * weights[replicas][:, None, idx]  # (R', 1, m)
+            blocks.append((rows, xs[:, idx].reshape(-1, d), w2 * (stats.b[:, idx] - 0.5 * stats.g[idx]),
+                           w2 * stats.g[idx]))
+    return blocks
 
 
 def attention_errors(stats: SampleStats, Q: torch.Tensor) -> torch.Tensor:
-    """Per-sample errors ‖ŷ_μ − y_μ‖²_F/(2d) of students Q (R, d, r) on samples `stats`: (R, n)."""
-    return _attention_terms(stats, _as_rows(Q, stats.xs.dtype), Q.shape[2])[0]
+    """Per-sample errors ‖ŷ_μ − y_μ‖²_F/(2d) of students Q (R, d, r) on training samples `stats`: (R, n)."""
+    return _errors(stats, _projections(stats.xs, _as_rows(Q, stats.xs.dtype), Q.shape[2]))
 
 
 def fit_students(stats: SampleStats, q0: torch.Tensor, lam: torch.Tensor | Sequence[float] | float,
@@ -309,12 +378,17 @@ def fit_students(stats: SampleStats, q0: torch.Tensor, lam: torch.Tensor | Seque
     W = _as_rows(q0, dtype)  # (R·r, d), a copy: q0 (e.g. the teacher's Q*) is never touched
     lam_rows = torch.as_tensor(lam, dtype=dtype).reshape(-1).expand(n_rep).repeat_interleave(r)[:, None]
     w = torch.ones(n_rep, stats.n, dtype=dtype) if weights is None else weights.to(dtype)
+    blocks = _sample_blocks(stats, w, r)
     # Plain GD is torch.optim.SGD's update (param -= lr·grad) written out: the optimiser's per-step Python
-    # bookkeeping costs as much as the elementwise part of the step at R = 1.
+    # bookkeeping costs as much as the elementwise part of the step at R = 1. λW is added to the gradient, not
+    # folded into a factor 1 − lr·λ: that factor, rounded to float32, is a systematic error at every step
+    # (float32 drifted 1e-4 from float64 in 5 000 steps that way, 1e-6 this way).
     adam = torch.optim.Adam([W], lr=lr) if optim == "adam" else None
     for _ in range(iters):
-        _, grad = _attention_terms(stats, W, r, w)
-        grad.add_(lam_rows * W)
+        grad = lam_rows * W  # (R·r, d): λW + ∂loss/∂W
+        for rows, xs, bw, gw in blocks:
+            grad_s = _error_gradient(_projections(xs, W[rows], r), bw, gw)  # (R'·r, L·m)
+            grad.index_add_(0, rows, grad_s @ xs)
         if adam is None:
             W.add_(grad, alpha=-lr)
         else:
@@ -394,12 +468,32 @@ def point_data(cfg: StudentConfig) -> PointData:
 
 
 def test_errors(data: PointData, Q: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """ε_g of students Q (R, d, r) and of the linear baseline B on n_test fresh samples: ((R,), float)."""
-    total, total_lin = torch.zeros(Q.shape[0], dtype=torch.float64), 0.0
-    for chunk in test_data(data.cfg, data.q_star):
-        total += attention_errors(chunk, Q).double().sum(1)
-        total_lin += float(linear_errors(chunk, B).sum())
-    return total / data.cfg.n_test, total_lin / data.cfg.n_test
+    """ε_g of students Q (R, d, r) and of the linear baseline B on n_test fresh samples: ((R,), float).
+
+    Every statistic of a sample is a combination of a few inner products of its tokens (see
+    `_stats_from_products`), so a test chunk is read twice and never copied: one matmul gives the teacher's and
+    the students' projections and the token sums, one batched matmul the token Gram z zᵀ (in the training
+    dtype, float32 by default: a relative error ~1e-7 that no combination below amplifies). The teacher's
+    mixing, y's products and the errors follow from these small (n, L, ·) tensors in float64."""
+    cfg, (n_rep, d, r), L = data.cfg, Q.shape, data.cfg.L
+    dtype = cfg.torch_dtype
+    rows = torch.cat([data.q_star.T.to(dtype), torch.ones(1, d, dtype=dtype), _as_rows(Q, dtype)])  # (k, d)
+    A = teacher_matrix(cfg.teacher_A)
+    p_dot_q = positional_encodings(d, L, torch.float64)[:, :1, None] * Q.double().sum(1)  # (L, R, r): p_l·Q
+    total, total_lin = torch.zeros(n_rep, dtype=torch.float64), 0.0
+    for z in test_tokens(cfg):
+        z, m = z.to(dtype), z.shape[0]
+        proj = (z.view(m * L, d) @ rows.T).view(m, L, -1).double()  # (m, L, k): z·Q*, z·1, z·Q
+        zz = torch.bmm(z, z.transpose(1, 2)).double()  # (m, L, L)
+        mix = teacher_mix(proj[..., :r], d, cfg.omega, A)  # (m, L, L): y_l = Σ_k mix[l, k] z_k
+        zp = proj[..., r] / math.sqrt(d)  # (m, L): z_l·p
+        stats = _stats_from_products(zz, zy=zz @ mix.transpose(1, 2), yy=((mix @ zz) * mix).sum(-1), zp=zp,
+                                     yp=(mix @ zp[..., None])[..., 0], d=d, dtype=torch.float64)
+        # s_l = x_l·Q/√d = (z_l·Q + p_l·Q)/√d, as (R, r, L, m)
+        s = (proj[..., r + 1:].view(m, L, n_rep, r) + p_dot_q) / math.sqrt(d)
+        total += _errors(stats, s.permute(2, 3, 1, 0)).sum(1)
+        total_lin += float(linear_errors(stats, B).sum())
+    return total / cfg.n_test, total_lin / cfg.n_test
 
 
 def training_losses(stats: SampleStats, Q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:

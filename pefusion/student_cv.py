@@ -27,7 +27,7 @@ from pefusion.student import (GLOBAL_MIN, REPRODUCTION_ORDER, REPRODUCTION_POINT
                               point_data, point_metrics, rng)
 
 DEFAULT_FOLDS = 5
-DEFAULT_LAM_GRID: tuple[float, ...] = tuple(float(x) for x in np.logspace(-4, 0, 9))  # 1e-4 … 1
+DEFAULT_LAM_GRID: tuple[float, ...] = tuple(float(x) for x in np.logspace(-4, 0, 5))  # 1e-4 … 1, one per decade
 
 # Keys of the CV result (not in pefusion.record yet).
 CV_CURVE = "cv_curve"

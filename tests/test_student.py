@@ -114,7 +114,9 @@ def test_reduced_errors_and_gradient_match_autograd_on_direct_model(r):
                      torch.full((cfg.d, r), 3.0 / math.sqrt(cfg.d), dtype=torch.float64)])  # two replicas
     weights = (torch.rand(2, cfg.n, generator=gen) > 0.3).double()
     err = S.attention_errors(stats, Q)
-    _, grad = S._attention_terms(stats, S._as_rows(Q, torch.float64), r, weights)  # (2·r, d)
+    W = S._as_rows(Q, torch.float64)  # (2·r, d)
+    w2 = 2 * weights[:, None, :]
+    grad = S._error_gradient(S._projections(stats.xs, W, r), w2 * (stats.b - stats.g / 2), w2 * stats.g) @ stats.xs
     for i in range(2):
         Qi = Q[i].clone().requires_grad_()
         direct_loss(z, y, Qi, 0.0, weights[i]).backward()
@@ -124,8 +126,13 @@ def test_reduced_errors_and_gradient_match_autograd_on_direct_model(r):
 
 
 @pytest.mark.parametrize("optim", ["gd", "adam"])
-def test_fit_matches_direct_model_trained_with_torch_optim(optim):
+@pytest.mark.parametrize("block_samples", [None, 7])
+def test_fit_matches_direct_model_trained_with_torch_optim(optim, block_samples, monkeypatch):
+    """Also with the step visiting the samples in blocks (7 samples a block: 9 blocks of 6–7 of the 60)."""
     cfg, q_star, z, y, stats = tiny_data()
+    if block_samples:
+        monkeypatch.setattr(S, "FIT_BLOCK_ENTRIES", block_samples * 2 * cfg.d)
+        assert len(S._sample_blocks(stats, torch.ones(1, cfg.n), 1)) == 9
     lam, iters = 0.05, 60
     Q = q_star.clone().requires_grad_()
     opt = (torch.optim.SGD([Q], lr=0.15, weight_decay=lam) if optim == "gd"
@@ -170,6 +177,41 @@ def test_batched_fit_equals_fits_one_by_one(optim, dtype, rtol):
     for i in range(6):
         alone = S.fit_students(data.train, q0[i:i + 1], lam[i:i + 1], weights[i:i + 1], optim=optim, iters=300)
         torch.testing.assert_close(batched[i:i + 1], alone, rtol=rtol, atol=rtol / 10)
+
+
+def test_test_tokens_are_the_seed_stream_in_chunks(monkeypatch):
+    """Drawing the chunks into one reused buffer gives the test set of fresh tensors, chunk by chunk."""
+    monkeypatch.setattr(S, "TEST_CHUNK_ENTRIES", 2 * 30 * 700)  # chunks of 700 samples
+    cfg = StudentConfig(d=30, seed=4, n_test=2500)
+    chunks = [z.clone() for z in S.test_tokens(cfg)]
+    assert [len(z) for z in chunks] == [700, 700, 700, 400]
+    gen = S.rng(cfg.seed, "test")
+    for z in chunks:
+        assert torch.equal(z, S.sample_tokens(len(z), 2, cfg.d, cfg.sigma, gen))
+
+
+@pytest.mark.parametrize("r,dtype,teacher_A", [(1, "float32", "default"), (1, "float64", "alt"),
+                                               (2, "float32", "alt")])
+def test_test_errors_match_the_direct_model_on_the_same_fresh_samples(r, dtype, teacher_A, monkeypatch):
+    """ε_g and ε_lin from token products (test_errors) equal ‖ŷ − y‖²/(2d) and ‖Bz − y‖²/(2d) averaged with the
+    direct (n, L, d) model and teacher in float64, over several chunks (measured: ≤ 3e-8 relative with float32
+    products, ≤ 1e-15 with float64 ones)."""
+    monkeypatch.setattr(S, "TEST_CHUNK_ENTRIES", 2 * 40 * 700)
+    cfg = StudentConfig(d=40, r=r, alpha=1.0, seed=2, n_test=2000, dtype=dtype, teacher_A=teacher_A)
+    data = S.point_data(cfg)
+    gen = torch.Generator().manual_seed(1)
+    Q = torch.stack([data.q_star + 0.3 * torch.randn(cfg.d, r, generator=gen),
+                     torch.full((cfg.d, r), 2.0 / math.sqrt(cfg.d)) + 0.1 * torch.randn(cfg.d, r, generator=gen)])
+    B = torch.tensor([[0.7, 0.2], [0.3, 0.6]])
+    eps_g, eps_lin = S.test_errors(data, Q, B)
+
+    z = torch.cat([chunk.clone() for chunk in S.test_tokens(cfg)]).double()  # (n_test, L, d)
+    y = S.teacher_outputs(z, data.q_star.double(), cfg.omega, S.teacher_matrix(teacher_A))
+    direct = torch.stack([((direct_student(z, Q[i].double()) - y) ** 2).sum((1, 2)).mean() for i in range(2)])
+    direct_lin = ((torch.einsum("lk,nkd->nld", B.double(), z) - y) ** 2).sum((1, 2)).mean()
+    rtol = 2e-6 if dtype == "float32" else 1e-10
+    torch.testing.assert_close(eps_g, direct / (2 * cfg.d), rtol=rtol, atol=0)
+    assert eps_lin == pytest.approx(float(direct_lin) / (2 * cfg.d), rel=rtol)
 
 
 def test_semantic_init_copies_the_teacher():
