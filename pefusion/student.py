@@ -183,9 +183,10 @@ def teacher_outputs(z: torch.Tensor, q_star: torch.Tensor, omega: float, A: torc
 def sample_tokens(n: int, L: int, d: int, sigma: float, generator: torch.Generator,
                   out: torch.Tensor | None = None) -> torch.Tensor:
     """z_l ~ N(0, σ² I_d), (n, L, d), float32; drawn into out[:n] if given (the same numbers either way)."""
+    # torch.normal scales inside the sampling loop: the numbers of randn(...)·σ, without a second pass
     if out is None:
-        return torch.randn(n, L, d, generator=generator).mul_(sigma)
-    return torch.randn(n, L, d, generator=generator, out=out[:n]).mul_(sigma)
+        return torch.normal(0.0, sigma, size=(n, L, d), generator=generator)
+    return torch.normal(0.0, sigma, size=(n, L, d), generator=generator, out=out[:n])
 
 
 def positional_encodings(d: int, L: int = 2, dtype: torch.dtype = torch.float32) -> torch.Tensor:

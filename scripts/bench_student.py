@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Callable
 
+import pefusion  # noqa: F401  (first: it sets PyTorch's huge-page switch, read when torch loads)
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import pefusion  # noqa: F401  (first: it sets PyTorch's huge-page switch, read when torch loads)
 import torch
 
 from pefusion import record as R

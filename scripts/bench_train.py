@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import pefusion  # noqa: F401  (first: it sets PyTorch's huge-page switch, read when torch loads)
 import numpy as np
 import torch
 import torch.nn.functional as F

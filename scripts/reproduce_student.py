@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 
+import pefusion  # noqa: F401  (first: it sets PyTorch's huge-page switch, read when torch loads)
 import torch
 
 from pefusion.config import ConfigError

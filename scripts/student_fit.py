@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import pefusion  # noqa: F401  (first: it sets PyTorch's huge-page switch, read when torch loads)
 import torch
 
 from pefusion.cli import print_result
