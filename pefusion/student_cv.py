@@ -63,7 +63,7 @@ def run_cv_point(point: StudentConfig, lam_grid: Sequence[float] = DEFAULT_LAM_G
     """K-fold CV over the λ grid at one point, then the refit at λ* on all n samples.
 
     The CV score of λ is the mean over folds of the validation error per held-out sample, ‖ŷ − y‖²/(2d) (the
-    ε_g normalisation); λ* is its argmin (the smallest λ on ties). Returns the point's identity, the refit's
+    ε_g normalisation); λ* is its argmin over the finite scores (the smallest λ on ties). Returns the point's identity, the refit's
     eps_g (fresh samples), eps_t, m, theta, lam_star, the linear baseline's eps_lin, the curve
     [{lam, cv_error_mean, cv_error_std (across folds, ddof=1)}, ...] and the wall time."""
     start = time.perf_counter()
@@ -80,7 +80,8 @@ def run_cv_point(point: StudentConfig, lam_grid: Sequence[float] = DEFAULT_LAM_G
     held_out = (~weights).double()
     val = ((err * held_out).sum(1) / held_out.sum(1).clamp_min(1)).view(n_lam, folds + 1)[:, :folds]  # (G, K)
     mean, std = val.mean(1), val.std(1)
-    best = int(torch.argmin(mean))
+    # a λ whose fits blew up (non-finite CV error, e.g. lr·λ > 2 under GD) can never be λ*
+    best = int(torch.argmin(torch.where(mean.isfinite(), mean, math.inf)))
     refit = best * (folds + 1) + folds
     metrics = point_metrics(data, Q[refit:refit + 1], lam[refit:refit + 1], fit_linear(data.train))[0]
     curve = [{R.LAMBDA: grid[i], CV_ERROR_MEAN: float(mean[i]), CV_ERROR_STD: float(std[i])} for i in range(n_lam)]

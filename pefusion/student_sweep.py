@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,16 @@ def point_config(config: dict[str, Any], preset: StudentPreset) -> tuple[Student
     return point, grid, int(merged["folds"])
 
 
+def with_status(result: dict[str, Any]) -> dict[str, Any]:
+    """The record with status ok, or 'diverged' naming its non-finite metrics (a fit that blew up, e.g. lr too
+    large): recorded like a diverged PE-fusion trial, never reported as a result."""
+    bad = sorted(k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v))
+    if bad:
+        return {**result, R.STATUS: R.STATUS_DIVERGED,
+                R.ERROR: f"non-finite {', '.join(bad)}: the fit diverged (a smaller lr, or fewer iterations)"}
+    return {**result, R.STATUS: R.STATUS_OK}
+
+
 def lambda_cv_trainable(config: dict[str, Any], *, preset: StudentPreset, cpus: float) -> None:
     """One λ-CV point: CV over the λ grid, refit at λ*, report the record; the curve goes in the checkpoint."""
     torch.set_num_threads(max(1, int(cpus)))
@@ -83,7 +94,7 @@ def lambda_cv_trainable(config: dict[str, Any], *, preset: StudentPreset, cpus: 
     curve = pd.DataFrame(result.pop(CV_CURVE))
     with tempfile.TemporaryDirectory() as tmp:
         curve.to_csv(Path(tmp) / R.CV_CURVE_ARTIFACT, index=False)
-        tune.report({**result, R.STATUS: R.STATUS_OK}, checkpoint=tune.Checkpoint.from_directory(tmp))
+        tune.report(with_status(result), checkpoint=tune.Checkpoint.from_directory(tmp))
 
 
 def phase_trainable(config: dict[str, Any], *, preset: StudentPreset, cpus: float) -> None:
@@ -93,7 +104,7 @@ def phase_trainable(config: dict[str, Any], *, preset: StudentPreset, cpus: floa
     extra = {k: getattr(point, k) for k in ("optim", "lr", "iters", "n_test", "teacher_A", "r", "dtype")}
     result = run_phase_point(alpha=point.alpha, omega=point.omega, sigma=point.sigma, lam=point.lam,
                              seed=point.seed, d=point.d, **extra)
-    tune.report({**result, R.STATUS: R.STATUS_OK})
+    tune.report(with_status(result))
 
 
 def student_run_name(config: dict[str, Any]) -> str:

@@ -281,6 +281,21 @@ def test_cv_point_refit_equals_a_direct_fit_at_lambda_star():
     assert means[2] == max(means)
 
 
+def test_a_diverging_lambda_is_never_chosen_and_a_diverged_fit_is_recorded_as_such():
+    """GD with lr·λ > 2 blows up (|1 − lr·λ| > 1 per step): at lr 3, λ = 1 diverges and λ = 1e-3 does not."""
+    from pefusion.student_sweep import with_status
+
+    point = StudentConfig(d=32, alpha=1.0, init="semantic", lr=3.0, iters=300, n_test=500)
+    res = run_cv_point(point, (1e-3, 1.0), folds=2)
+    curve = res[CV_CURVE]
+    assert math.isfinite(curve[0]["cv_error_mean"]) and not math.isfinite(curve[1]["cv_error_mean"])
+    assert res[R.LAMBDA_STAR] == 1e-3 and math.isfinite(res[R.EPS_G])
+    assert with_status(res)[R.STATUS] == R.STATUS_OK
+    blown = run_cv_point(point, (1.0,), folds=2)
+    record = with_status(blown)
+    assert record[R.STATUS] == R.STATUS_DIVERGED and R.EPS_G in record[R.ERROR] and R.EPS_T in record[R.ERROR]
+
+
 def test_same_seed_gives_identical_results():
     point = StudentConfig(d=50, alpha=1.2, seed=5, init="random", iters=200, n_test=500)
     a, b = run_cv_point(point, [1e-2, 1e-1], folds=2), run_cv_point(point, [1e-2, 1e-1], folds=2)
