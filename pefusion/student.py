@@ -59,11 +59,6 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # Linear baseline protocol (the authors'): Adam lr 0.5, 200 full-batch epochs, weight decay 1e-4.
 LINEAR_LR, LINEAR_EPOCHS, LINEAR_WEIGHT_DECAY = 0.5, 200, 1e-4
 
-# Result keys that are not in pefusion.record yet (kept here, in one place).
-SECONDS = "seconds"
-GLOBAL_MIN = "global_min"
-N_TRAIN = "n"
-
 # Test data is streamed in chunks of this many token entries (5 000 samples at d = 1000, L = 2): about 0.4 GB of
 # float64 work arrays at most, whatever n_test. The chunking is part of the test set's definition (random stream).
 TEST_CHUNK_ENTRIES = 10_000_000
@@ -519,7 +514,7 @@ def config_record(cfg: StudentConfig) -> dict:
     out = asdict(cfg)
     renamed = {"alpha": R.ALPHA, "omega": R.OMEGA, "sigma": R.SIGMA, "init": R.INIT, "lam": R.LAMBDA, "d": R.D,
                "seed": R.SEED}
-    return {renamed.get(k, k): v for k, v in out.items()} | {N_TRAIN: cfg.n}
+    return {renamed.get(k, k): v for k, v in out.items()} | {R.N_TRAIN: cfg.n}
 
 
 def fit_point(cfg: StudentConfig) -> dict:
@@ -531,4 +526,4 @@ def fit_point(cfg: StudentConfig) -> dict:
     Q = fit_students(data.train, q0, lam, optim=cfg.optim, lr=cfg.lr, iters=cfg.iters)
     B = fit_linear(data.train)
     metrics = point_metrics(data, Q, lam, B)[0]
-    return config_record(cfg) | metrics | {SECONDS: time.perf_counter() - start}
+    return config_record(cfg) | metrics | {R.SECONDS: time.perf_counter() - start}

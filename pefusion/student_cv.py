@@ -24,17 +24,13 @@ import torch
 
 from pefusion import record as R
 from pefusion.config import ConfigError
-from pefusion.student import (GLOBAL_MIN, REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, SECONDS,
-                              StudentConfig, attention_errors, config_record, fit_linear, fit_students, initial_q,
-                              point_data, point_metrics, rng)
+from pefusion.student import (REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, StudentConfig,
+                              attention_errors, config_record, fit_linear, fit_students, initial_q, point_data,
+                              point_metrics, rng)
 
 DEFAULT_FOLDS = 5
 DEFAULT_LAM_GRID: tuple[float, ...] = tuple(float(x) for x in np.logspace(-4, 0, 5))  # 1e-4 … 1, one per decade
 
-# Keys of the CV result (not in pefusion.record yet).
-CV_CURVE = "cv_curve"
-CV_ERROR_MEAN = "cv_error_mean"
-CV_ERROR_STD = "cv_error_std"
 PHASE_INITS = ("semantic", "positional")
 
 
@@ -84,9 +80,10 @@ def run_cv_point(point: StudentConfig, lam_grid: Sequence[float] = DEFAULT_LAM_G
     best = int(torch.argmin(torch.where(mean.isfinite(), mean, math.inf)))
     refit = best * (folds + 1) + folds
     metrics = point_metrics(data, Q[refit:refit + 1], lam[refit:refit + 1], fit_linear(data.train))[0]
-    curve = [{R.LAMBDA: grid[i], CV_ERROR_MEAN: float(mean[i]), CV_ERROR_STD: float(std[i])} for i in range(n_lam)]
+    curve = [{R.LAMBDA: grid[i], R.CV_ERROR_MEAN: float(mean[i]), R.CV_ERROR_STD: float(std[i])}
+             for i in range(n_lam)]
     return (config_record(point) | metrics
-            | {R.LAMBDA_STAR: grid[best], CV_CURVE: curve, SECONDS: time.perf_counter() - start})
+            | {R.LAMBDA_STAR: grid[best], R.CV_CURVE: curve, R.SECONDS: time.perf_counter() - start})
 
 
 def run_phase_point(alpha: float, omega: float, sigma: float, lam: float, seed: int, d: int = 1000,
@@ -108,8 +105,8 @@ def run_phase_point(alpha: float, omega: float, sigma: float, lam: float, seed: 
     for init, metrics in zip(PHASE_INITS, per_init):
         out |= {f"{key}_{init}": metrics[key] for key in (R.EPS_T, R.EPS_G, R.M, R.THETA)}
     out[R.EPS_LIN] = per_init[0][R.EPS_LIN]
-    out[GLOBAL_MIN] = min(PHASE_INITS, key=lambda init: out[f"{R.EPS_T}_{init}"])
-    return out | {SECONDS: time.perf_counter() - start}
+    out[R.GLOBAL_MIN] = min(PHASE_INITS, key=lambda init: out[f"{R.EPS_T}_{init}"])
+    return out | {R.SECONDS: time.perf_counter() - start}
 
 
 def reproduction_report(d: int = REPRODUCTION_POINT["d"], seeds: Sequence[int] = (0, 1, 2),
@@ -137,6 +134,6 @@ def reproduction_report(d: int = REPRODUCTION_POINT["d"], seeds: Sequence[int] =
         gap = float(np.mean([p[f"{R.EPS_T}_positional"] - p[f"{R.EPS_T}_semantic"] for p in at]))
         lower = "semantic" if gap > 0 else "positional"
         checks.append({"quantity": "lower_training_loss", "alpha": alpha, "measured": lower, "published": expected,
-                       "eps_t_pos_minus_sem": gap, "per_seed": [p[GLOBAL_MIN] for p in at],
+                       "eps_t_pos_minus_sem": gap, "per_seed": [p[R.GLOBAL_MIN] for p in at],
                        "pass": lower == expected})
     return {"points": points, "checks": checks}

@@ -24,7 +24,7 @@ from ray import tune
 from pefusion import record as R
 from pefusion.config import ConfigError
 from pefusion.student import StudentConfig
-from pefusion.student_cv import CV_CURVE, run_cv_point, run_phase_point
+from pefusion.student_cv import run_cv_point, run_phase_point
 from pefusion.tuning import SweepOptions, result_rows, run_tune
 
 # Keys of a λ-CV search space that are not StudentConfig fields: the λ grid and the number of folds.
@@ -91,7 +91,7 @@ def lambda_cv_trainable(config: dict[str, Any], *, preset: StudentPreset, cpus: 
     torch.set_num_threads(max(1, int(cpus)))
     point, grid, folds = point_config(config, preset)
     result = run_cv_point(point, grid, folds)
-    curve = pd.DataFrame(result.pop(CV_CURVE))
+    curve = pd.DataFrame(result.pop(R.CV_CURVE))
     with tempfile.TemporaryDirectory() as tmp:
         curve.to_csv(Path(tmp) / R.CV_CURVE_ARTIFACT, index=False)
         tune.report(with_status(result), checkpoint=tune.Checkpoint.from_directory(tmp))
@@ -214,6 +214,6 @@ def _grid_points(space) -> list[dict[str, Any]]:
 def student_summary(rows: pd.DataFrame) -> str:
     """The columns a reader checks first, one row per point."""
     cols = [c for c in (R.OMEGA, R.ALPHA, R.INIT, R.SEED, R.LAMBDA_STAR, R.EPS_G, R.EPS_T, R.M, R.THETA, R.EPS_LIN,
-                        "eps_t_semantic", "eps_t_positional", "global_min", R.STATUS) if c in rows]
+                        "eps_t_semantic", "eps_t_positional", R.GLOBAL_MIN, R.STATUS) if c in rows]
     with pd.option_context("display.width", 160, "display.max_rows", 400, "display.float_format", "{:.4g}".format):
         return rows[cols].to_string(index=False)

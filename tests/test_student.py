@@ -19,7 +19,7 @@ from pefusion import record as R
 from pefusion import student as S
 from pefusion.config import ConfigError
 from pefusion.student import StudentConfig
-from pefusion.student_cv import CV_CURVE, kfold_masks, reproduction_report, run_cv_point
+from pefusion.student_cv import kfold_masks, reproduction_report, run_cv_point
 
 ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
@@ -269,11 +269,11 @@ def test_cv_point_refit_equals_a_direct_fit_at_lambda_star():
     point = StudentConfig(d=60, alpha=1.5, seed=1, init="semantic", iters=400, n_test=1000)
     grid = [1e-3, 1e-1, 10.0]
     res = run_cv_point(point, grid, folds=3)
-    curve = res[CV_CURVE]
+    curve = res[R.CV_CURVE]
     assert [row[R.LAMBDA] for row in curve] == grid
-    means = [row["cv_error_mean"] for row in curve]
+    means = [row[R.CV_ERROR_MEAN] for row in curve]
     assert res[R.LAMBDA_STAR] == grid[means.index(min(means))]
-    assert all(row["cv_error_std"] >= 0 for row in curve)
+    assert all(row[R.CV_ERROR_STD] >= 0 for row in curve)
     direct = S.fit_point(StudentConfig(**{**point.__dict__, "lam": res[R.LAMBDA_STAR]}))
     for key in (R.EPS_G, R.EPS_T, R.M, R.THETA, R.EPS_LIN):
         assert res[key] == pytest.approx(direct[key], rel=1e-4), key
@@ -287,8 +287,8 @@ def test_a_diverging_lambda_is_never_chosen_and_a_diverged_fit_is_recorded_as_su
 
     point = StudentConfig(d=32, alpha=1.0, init="semantic", lr=3.0, iters=300, n_test=500)
     res = run_cv_point(point, (1e-3, 1.0), folds=2)
-    curve = res[CV_CURVE]
-    assert math.isfinite(curve[0]["cv_error_mean"]) and not math.isfinite(curve[1]["cv_error_mean"])
+    curve = res[R.CV_CURVE]
+    assert math.isfinite(curve[0][R.CV_ERROR_MEAN]) and not math.isfinite(curve[1][R.CV_ERROR_MEAN])
     assert res[R.LAMBDA_STAR] == 1e-3 and math.isfinite(res[R.EPS_G])
     assert with_status(res)[R.STATUS] == R.STATUS_OK
     blown = run_cv_point(point, (1.0,), folds=2)
