@@ -1,7 +1,9 @@
 """Text data pipeline: sources, train-only vocabulary, token-id cache, length-bucketed batching, length buckets."""
 from __future__ import annotations
 
+import collections
 import json
+import random
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +105,33 @@ def test_build_vocab_order_min_freq_and_max_vocab():
     assert list(td.build_vocab(texts, min_freq=2)) == ["<pad>", "<unk>", "a", "b", "c"]
     assert list(td.build_vocab(texts, min_freq=1)) == ["<pad>", "<unk>", "a", "b", "c", "d", "e"]
     assert list(td.build_vocab(texts, min_freq=1, max_vocab=4)) == ["<pad>", "<unk>", "a", "b"]  # incl. specials
+
+
+def test_training_split_encoding_equals_vocab_then_encode_and_the_counter_definition():
+    rng = random.Random(0)
+    words = ["Alpha", "beta", "GAMMA", "délta", "ÉPSILON", "zeta", "eta", "ThEtA", "iota", "kappa"] + [
+        f"w{i}" for i in range(300)]
+    texts = [" ".join(rng.choices(words, weights=[1 / (k + 1) for k in range(len(words))], k=rng.randint(1, 60)))
+             + rng.choice(["", "\t\n", "  "]) for _ in range(200)]
+    for min_freq, max_vocab, max_len in [(2, 50_000, 16), (1, 40, 7), (3, 12, 100)]:
+        vocab, (ids, offsets, raw) = td.encode_training_split(texts, min_freq, max_vocab, max_len)
+        assert vocab == td.build_vocab(texts, min_freq, max_vocab)
+        ref_ids, ref_offsets, ref_raw = td.encode(texts, vocab, max_len)
+        assert ids.dtype == ref_ids.dtype == np.int32
+        assert ids.tolist() == ref_ids.tolist() and offsets.tolist() == ref_offsets.tolist()
+        assert raw.tolist() == ref_raw.tolist()
+        # the definition: collections.Counter's most_common order (count, then first appearance), min_freq, cap
+        counts = collections.Counter(w for t in texts for w in t.lower().split())
+        expected = [w for w, n in counts.most_common() if n >= min_freq][:max_vocab - 2]
+        assert list(vocab) == ["<pad>", "<unk>", *expected]
+
+
+def test_words_spelled_like_special_tokens_never_take_their_ids():
+    texts = ["<unk> a <pad> a", "<UNK> b <pad>", "a b"]
+    vocab, (ids, _, _) = td.encode_training_split(texts, 1, 100, 10)
+    assert vocab == {"<pad>": 0, "<unk>": 1, "a": 2, "b": 3}
+    assert ids.tolist() == [1, 2, 1, 2, 1, 3, 1, 2, 3]  # both map to UNK: "<pad>" must not read as padding
+    assert td.encode(texts, vocab, 10)[0].tolist() == ids.tolist()
 
 
 def test_encode_truncates_but_keeps_raw_lengths():
