@@ -236,7 +236,7 @@ def test_semantic_and_positional_inits_give_different_solutions(reduced_report):
         assert res[f"{R.THETA}_semantic"] > 0.5 and res[f"{R.M}_semantic"] < 0.05
         assert res[f"{R.M}_positional"] > 0.2 and res[f"{R.THETA}_positional"] < 0.2
         assert res[f"{R.EPS_G}_positional"] > 1.5 * res[f"{R.EPS_G}_semantic"]
-        assert res[S.GLOBAL_MIN] == "semantic"
+        assert res[R.GLOBAL_MIN] == "semantic"
 
 
 def test_linear_baseline_reaches_the_least_squares_optimum():
@@ -299,7 +299,7 @@ def test_a_diverging_lambda_is_never_chosen_and_a_diverged_fit_is_recorded_as_su
 def test_same_seed_gives_identical_results():
     point = StudentConfig(d=50, alpha=1.2, seed=5, init="random", iters=200, n_test=500)
     a, b = run_cv_point(point, [1e-2, 1e-1], folds=2), run_cv_point(point, [1e-2, 1e-1], folds=2)
-    a.pop(S.SECONDS), b.pop(S.SECONDS)
+    a.pop(R.SECONDS), b.pop(R.SECONDS)
     assert a == b
     c = run_cv_point(StudentConfig(**{**point.__dict__, "seed": 6}), [1e-2, 1e-1], folds=2)
     assert c[R.EPS_G] != a[R.EPS_G]
@@ -352,8 +352,8 @@ def test_cli_prints_one_json_line(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
     rec = json.loads(lines[0])
-    assert {R.EPS_G, R.EPS_T, R.M, R.THETA, R.EPS_LIN, S.SECONDS} <= rec.keys()
-    assert rec[R.D] == 30 and rec[S.N_TRAIN] == 30
+    assert {R.EPS_G, R.EPS_T, R.M, R.THETA, R.EPS_LIN, R.SECONDS} <= rec.keys()
+    assert rec[R.D] == 30 and rec[R.N_TRAIN] == 30
 
 
 def test_cli_exit_code_in_a_real_process():
