@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -33,9 +34,11 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
 
 
 def print_result(result: dict, as_json: bool) -> None:
-    """A command's result: one JSON line (for scripts and notes), or `key: value` lines for reading."""
+    """A command's result: one JSON line (for scripts and notes), or `key: value` lines for reading. In JSON a
+    non-finite number (a diverged fit) is null: strict parsers reject NaN."""
     if as_json:
-        print(json.dumps(result))
+        finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in result.items()}
+        print(json.dumps(finite, allow_nan=False))
         return
     width = max(map(len, result), default=0)
     for key, value in result.items():

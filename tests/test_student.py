@@ -356,6 +356,15 @@ def test_cli_prints_one_json_line(capsys):
     assert rec[R.D] == 30 and rec[R.N_TRAIN] == 30
 
 
+def test_cli_json_of_a_diverged_fit_is_strict_json(capsys):
+    """GD at lr 3 with λ = 1 blows up (|1 − lr·λ| > 1): the metrics are non-finite and print as null."""
+    argv = ["--d", "32", "--alpha", "1", "--lam", "1", "--lr", "3", "--iters", "300", "--n-test", "100", "--json"]
+    assert _load_cli().main(argv) == 0
+    line = capsys.readouterr().out.strip()
+    rec = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert rec[R.EPS_G] is None and rec[R.EPS_T] is None and rec[R.EPS_LIN] is not None
+
+
 def test_cli_exit_code_in_a_real_process():
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "student_fit.py"), "--omega", "2"],
                          capture_output=True, text=True, cwd=ROOT)
