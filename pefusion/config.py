@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 # ---------------------------------------------------------------------------------------------------------
 # Names
@@ -39,12 +39,14 @@ class ConfigError(ValueError):
     """A user-caused configuration problem. Its message is one line that names the key and the fix."""
 
 
-def _choice(key: str, value: Any, allowed: tuple) -> None:
+def check_choice(key: str, value: Any, allowed: Iterable) -> None:
+    """A ConfigError naming the allowed values unless `value` is one of them."""
     if value not in allowed:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
 
 
-def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+def check_positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    """A ConfigError unless `value` is finite and > 0 (>= 0 with allow_zero)."""
     ok = value >= 0 if allow_zero else value > 0
     if not ok or (isinstance(value, float) and not math.isfinite(value)):
         bound = ">= 0" if allow_zero else "> 0"
@@ -53,8 +55,8 @@ def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
 
 def check_pe_fusion(pe_type: str, fusion: str) -> None:
     """Reject PE × fusion pairs that make no sense, naming the fix."""
-    _choice("pe_type", pe_type, PE_TYPES)
-    _choice("fusion", fusion, FUSIONS)
+    check_choice("pe_type", pe_type, PE_TYPES)
+    check_choice("fusion", fusion, FUSIONS)
     if pe_type in ATTENTION_PE_TYPES and fusion != "none":
         raise ConfigError(
             f"pe_type={pe_type!r} acts inside attention and has nothing to fuse at the input: "
@@ -109,7 +111,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_pe_fusion(self.pe_type, self.fusion)
         for key in ("d_model", "nhead", "num_layers", "dim_ff", "max_len", "gate_kernel"):
-            _positive(key, getattr(self, key))
+            check_positive(key, getattr(self, key))
         if self.d_model % self.nhead:
             raise ConfigError(f"d_model={self.d_model} must be divisible by nhead={self.nhead}")
         if self.d_model % 2:
@@ -122,7 +124,7 @@ class ModelConfig:
                 raise ConfigError(f"{key}={value} is out of range; it must be in [0, 1)")
         if self.gate_kernel % 2 == 0:
             raise ConfigError(f"gate_kernel={self.gate_kernel} must be odd so that 'same' padding is symmetric")
-        _choice("activation", self.activation, ACTIVATIONS)
+        check_choice("activation", self.activation, ACTIVATIONS)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -150,14 +152,14 @@ class TrainConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        _positive("lr", self.lr)
+        check_positive("lr", self.lr)
         for key in ("batch_size", "max_epochs", "patience", "timing_repeats"):
-            _positive(key, getattr(self, key))
+            check_positive(key, getattr(self, key))
         for key in ("weight_decay", "grad_clip", "min_delta", "timing_warmup", "seed"):
-            _positive(key, getattr(self, key), allow_zero=True)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _choice("precision", self.precision, PRECISIONS)
-        _choice("device", self.device, DEVICES)
+            check_positive(key, getattr(self, key), allow_zero=True)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("device", self.device, DEVICES)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -195,7 +197,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         for key in ("max_len", "min_freq", "max_vocab", "synthetic_train", "synthetic_val", "synthetic_test"):
-            _positive(key, getattr(self, key))
+            check_positive(key, getattr(self, key))
         edges = tuple(int(e) for e in self.length_edges)
         if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] <= 0:
             raise ConfigError(f"length_edges={self.length_edges!r} must be positive and strictly increasing")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from pefusion import record as R
-from pefusion.config import ConfigError
+from pefusion.config import ConfigError, check_choice, check_positive
 
 # ---------------------------------------------------------------------------------------------------------
 # Published facts (σ = 0.5, λ = 0.01): ω -> α
@@ -94,25 +94,20 @@ class StudentConfig:
             self._integer(key, minimum)
         if self.L != 2:
             raise ConfigError(f"L={self.L!r} is not supported; the student model is implemented for L=2 tokens")
-        for key in ("sigma", "alpha"):
-            value = getattr(self, key)
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"{key}={value!r} is out of range; it must be > 0")
+        check_positive("sigma", self.sigma)
+        check_positive("alpha", self.alpha)
         if not (math.isfinite(self.omega) and 0.0 <= self.omega <= 1.0):
             raise ConfigError(f"omega={self.omega!r} is out of range; it must be in [0, 1]")
-        if not (math.isfinite(self.lam) and self.lam >= 0):
-            raise ConfigError(f"lam={self.lam!r} is out of range; it must be >= 0")
+        check_positive("lam", self.lam, allow_zero=True)
         if self.n < 1:
             raise ConfigError(f"alpha*d={self.alpha * self.d:g} gives no training sample; increase alpha or d")
         for key, allowed in (("teacher_A", TEACHER_A), ("init", INITS), ("optim", OPTIMS), ("dtype", DTYPES)):
-            if getattr(self, key) not in allowed:
-                raise ConfigError(f"{key}={getattr(self, key)!r} is not allowed; choose one of: {', '.join(allowed)}")
+            check_choice(key, getattr(self, key), allowed)
         if self.lr is None:
             object.__setattr__(self, "lr", OPTIM_DEFAULTS[self.optim][0])
         if self.iters is None:
             object.__setattr__(self, "iters", OPTIM_DEFAULTS[self.optim][1])
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ConfigError(f"lr={self.lr!r} is out of range; it must be > 0")
+        check_positive("lr", self.lr)
         self._integer("iters", 0)
 
     def _integer(self, key: str, minimum: int) -> None:
