@@ -126,7 +126,12 @@ class _FirstSeenIds(dict):
 
 
 class _VocabLookup(dict):
-    """word -> vocabulary id, UNK for a word not in it."""
+    """word -> vocabulary id for encoding: UNK for a word not in the vocabulary, and for a word spelled like the
+    padding token (it must not read as padding)."""
+
+    def __init__(self, vocab: dict[str, int]) -> None:
+        super().__init__(vocab)
+        self[SPECIAL_TOKENS[PAD_ID]] = UNK_ID
 
     def __missing__(self, word: str) -> int:
         return UNK_ID
@@ -146,7 +151,7 @@ def _first_seen_ids(texts: Sequence[str]) -> tuple[dict[str, int], list[np.ndarr
     seen = _FirstSeenIds()
     docs, raw_lengths = [], np.empty(len(texts), dtype=np.int64)
     for i, text in enumerate(texts):
-        words = text.lower().split()
+        words = tokenize(text)
         raw_lengths[i] = len(words)
         docs.append(_lookup_all(seen, words))
     return seen, docs, raw_lengths
@@ -162,7 +167,7 @@ def _vocab_from_counts(seen: dict[str, int], counts: np.ndarray, min_freq: int,
         if tok in seen:
             counts[seen[tok]] = 0
     words = list(seen)  # in provisional-id order
-    order = np.lexsort((np.arange(len(words)), -counts))  # count descending, then first appearance
+    order = np.argsort(-counts, kind="stable")  # count descending, ties in provisional-id = first-appearance order
     kept = order[counts[order] >= max(min_freq, 1)][:max(0, max_vocab - len(SPECIAL_TOKENS))]
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     vocab.update((words[j], i) for i, j in enumerate(kept.tolist(), start=len(SPECIAL_TOKENS)))
@@ -183,16 +188,23 @@ def build_vocab(texts: Sequence[str], min_freq: int = 2, max_vocab: int = 50_000
     """Word -> id from `texts` (the training split only). PAD=0, UNK=1, then words seen >= min_freq times,
     most frequent first; ties keep the order of first appearance (as the paper's code). `max_vocab` counts the
     two specials."""
-    return encode_training_split(texts, min_freq, max_vocab, max_len=0)[0]
+    return _training_vocab(texts, min_freq, max_vocab)[0]
+
+
+def _training_vocab(texts: Sequence[str], min_freq: int,
+                    max_vocab: int) -> tuple[dict[str, int], np.ndarray, list[np.ndarray], np.ndarray]:
+    """The vocabulary of `texts`, the table provisional id -> vocabulary id, and the texts as provisional ids
+    with their raw lengths (see _first_seen_ids): one pass over the words, counted with bincount."""
+    seen, docs, raw_lengths = _first_seen_ids(texts)
+    counts = np.bincount(np.concatenate(docs), minlength=len(seen)) if docs else np.zeros(0, dtype=np.int64)
+    return (*_vocab_from_counts(seen, counts, min_freq, max_vocab), docs, raw_lengths)
 
 
 def encode_training_split(texts: Sequence[str], min_freq: int, max_vocab: int,
                           max_len: int) -> tuple[dict[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """build_vocab(texts) and encode(texts, that vocab, max_len) in one pass over the words: the training
-    split is split into words once, counted with bincount, and its ids come from a table lookup."""
-    seen, docs, raw_lengths = _first_seen_ids(texts)
-    counts = np.bincount(np.concatenate(docs), minlength=len(seen)) if docs else np.zeros(0, dtype=np.int64)
-    vocab, table = _vocab_from_counts(seen, counts, min_freq, max_vocab)
+    split is split into words once and its ids come from a table lookup."""
+    vocab, table, docs, raw_lengths = _training_vocab(texts, min_freq, max_vocab)
     return vocab, _pack([table[d[:max_len]] for d in docs], raw_lengths, max_len)
 
 
@@ -201,11 +213,10 @@ def encode(texts: Sequence[str], vocab: dict[str, int], max_len: int) -> tuple[n
     raw_lengths int64 (N,)). Words past max_len are never looked up; unknown words, and a word spelled like the
     padding token, are UNK."""
     lookup = _VocabLookup(vocab)
-    lookup[SPECIAL_TOKENS[PAD_ID]] = UNK_ID
     docs: list[np.ndarray] = []
     raw_lengths = np.empty(len(texts), dtype=np.int64)
     for i, text in enumerate(texts):
-        words = text.lower().split()
+        words = tokenize(text)
         raw_lengths[i] = len(words)
         if len(words) > max_len:
             del words[max_len:]
@@ -576,11 +587,10 @@ def load_corpus(cfg: DataConfig) -> EncodedCorpus:
                                 f"{cfg.text_column!r}")
         labels, label_names = map_labels(raw, cfg.label_column, class_names)
         TOKENISATIONS += 1
-        vocab, encoded = encode_training_split(raw["train"].texts, cfg.min_freq, cfg.max_vocab, cfg.max_len)
-        splits = {"train": EncodedSplit(*encoded[:2], labels["train"], encoded[2])}
-        for s in SPLITS[1:]:
-            ids, offsets, raw_lengths = encode(raw[s].texts, vocab, cfg.max_len)
-            splits[s] = EncodedSplit(ids, offsets, labels[s], raw_lengths)
+        vocab, train = encode_training_split(raw["train"].texts, cfg.min_freq, cfg.max_vocab, cfg.max_len)
+        encoded = {"train": train} | {s: encode(raw[s].texts, vocab, cfg.max_len) for s in SPLITS[1:]}
+        splits = {s: EncodedSplit(ids, offsets, labels[s], raw_lengths)
+                  for s, (ids, offsets, raw_lengths) in encoded.items()}
         meta = {
             "format": FORMAT_VERSION, "source": source_identity(cfg), "name": cfg.source_name,
             "tokenizer": TOKENIZER_NAME, "min_freq": cfg.min_freq, "max_vocab": cfg.max_vocab,
