@@ -74,13 +74,17 @@ def add_preset_flag(parser: argparse.ArgumentParser, default: str, presets=PRESE
                              + "; ".join(f"{k}: {v.description}" for k, v in sorted(presets.items())))
 
 
+def _demo_search_space(name: str) -> Path:
+    """The file --preset demo uses instead of search_spaces/<name>.yaml: <name>_demo.yaml (if it exists)."""
+    return SEARCH_SPACES / name.replace(".yaml", "_demo.yaml")
+
+
 def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_space: str) -> None:
     g = parser.add_argument_group("sweep")
-    demo_space = search_space.replace(".yaml", "_demo.yaml")
-    has_demo = (SEARCH_SPACES / demo_space).exists()
+    demo = _demo_search_space(search_space)
     g.add_argument("--search-space", default=None,
                    help=f"search-space YAML file (default: search_spaces/{search_space}"
-                        + (f"; with --preset demo, search_spaces/{demo_space}" if has_demo else "") + ")")
+                        + (f"; with --preset demo, search_spaces/{demo.name}" if demo.exists() else "") + ")")
     parser.set_defaults(default_search_space=search_space)
     g.add_argument("--address", help="Ray cluster to join: 'auto' for a running `ray start --head` "
                                      "(default: start a local cluster)")
@@ -108,7 +112,7 @@ def search_space_path(args: argparse.Namespace) -> str:
     """--search-space, else the sweep's file for the preset (`<name>_demo.yaml` for --preset demo, if present)."""
     if args.search_space:
         return args.search_space
-    demo = SEARCH_SPACES / args.default_search_space.replace(".yaml", "_demo.yaml")
+    demo = _demo_search_space(args.default_search_space)
     if getattr(args, "preset", "") == "demo" and demo.exists():
         return str(demo)
     return str(SEARCH_SPACES / args.default_search_space)

@@ -59,8 +59,8 @@ def run_cv_point(point: StudentConfig, lam_grid: Sequence[float] = DEFAULT_LAM_G
     """K-fold CV over the λ grid at one point, then the refit at λ* on all n samples.
 
     The CV score of λ is the mean over folds of the validation error per held-out sample, ‖ŷ − y‖²/(2d) (the
-    ε_g normalisation); λ* is its argmin over the finite scores (the smallest λ on ties). Returns the point's identity, the refit's
-    eps_g (fresh samples), eps_t, m, theta, lam_star, the linear baseline's eps_lin, the curve
+    ε_g normalisation); λ* is its argmin over the finite scores (the smallest λ on ties). Returns the point's
+    identity, the refit's eps_g (fresh samples), eps_t, m, theta, lam_star, the linear baseline's eps_lin, the curve
     [{lam, cv_error_mean, cv_error_std (across folds, ddof=1)}, ...] and the wall time."""
     start = time.perf_counter()
     grid = _check_grid(lam_grid)
