@@ -92,6 +92,24 @@ def _bias_block(bias: torch.Tensor, docs: slice, heads: slice) -> torch.Tensor:
     return bias[docs if bias.shape[0] > 1 else slice(0, 1), heads if bias.shape[1] > 1 else slice(0, 1)]
 
 
+def _block_buffers(qs: torch.Tensor, count: int) -> tuple[list[tuple[slice, slice]], list[torch.Tensor]]:
+    """The blocks of qs (B, H, T, hd) and `count` (n, T, T) work buffers that fit the largest of them."""
+    B, H, T, _ = qs.shape
+    blocks = _blocks(B, H, T)
+    n_max = max((d.stop - d.start) * (h.stop - h.start) for d, h in blocks)
+    return blocks, [qs.new_empty(n_max, T, T) for _ in range(count)]
+
+
+def _block_probs(qs: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, docs: slice, heads: slice,
+                 logits_buf: torch.Tensor, probs_buf: torch.Tensor) -> torch.Tensor:
+    """softmax(qs kᵀ + bias) of one (docs, heads) block, (n, T, T), written into the buffers' first n rows
+    (the logits buffer is free again afterwards)."""
+    nd, nh, T = docs.stop - docs.start, heads.stop - heads.start, qs.shape[2]
+    logits = torch.bmm(_rows(qs, docs, heads), _rows(k, docs, heads).transpose(1, 2), out=logits_buf[:nd * nh])
+    logits.view(nd, nh, T, T).add_(_bias_block(bias, docs, heads))
+    return torch.softmax(logits, -1, out=probs_buf[:nd * nh])
+
+
 class _ChunkedDropoutAttention(torch.autograd.Function):
     """y = dropout(softmax(q kᵀ/√hd + bias)) v, with dropout as in SDPA (kept weights scaled by 1/(1-p)).
 
@@ -105,15 +123,9 @@ class _ChunkedDropoutAttention(torch.autograd.Function):
         rng = _generator()
         keep = torch.empty(B, H, T, T, dtype=torch.uint8)
         out = torch.empty_like(qs)
-        blocks = _blocks(B, H, T)
-        n_max = max((d.stop - d.start) * (h.stop - h.start) for d, h in blocks)
-        logits_buf, probs_buf = qs.new_empty(n_max, T, T), qs.new_empty(n_max, T, T)
+        blocks, (logits_buf, probs_buf) = _block_buffers(qs, 2)
         for docs, heads in blocks:
-            nd, nh = docs.stop - docs.start, heads.stop - heads.start
-            logits = torch.bmm(_rows(qs, docs, heads), _rows(k, docs, heads).transpose(1, 2),
-                               out=logits_buf[:nd * nh])  # (n, T, T)
-            logits.view(nd, nh, T, T).add_(_bias_block(bias, docs, heads))
-            probs = torch.softmax(logits, -1, out=probs_buf[:nd * nh])
+            probs = _block_probs(qs, k, bias, docs, heads, logits_buf, probs_buf)  # (n, T, T)
             block_keep = _rows(keep, docs, heads)
             _keep_mask_into(block_keep, rng, p)
             torch.bmm(probs.mul_(block_keep), _rows(v, docs, heads), out=_rows(out, docs, heads))
@@ -133,15 +145,10 @@ class _ChunkedDropoutAttention(torch.autograd.Function):
         grad_q = torch.empty_like(qs)
         # dk and dv come out transposed: (hd×T)·(T×T) products run about twice as fast as (T×T)ᵀ·(T×hd) ones.
         grad_kT, grad_vT = qs.new_empty(B, H, hd, T), qs.new_empty(B, H, hd, T)
-        blocks = _blocks(B, H, T)
-        n_max = max((d.stop - d.start) * (h.stop - h.start) for d, h in blocks)
-        logits_buf, probs_buf, grad_buf = (qs.new_empty(n_max, T, T) for _ in range(3))
+        blocks, (logits_buf, probs_buf, grad_buf) = _block_buffers(qs, 3)
         for docs, heads in blocks:
-            nd, nh = docs.stop - docs.start, heads.stop - heads.start
-            n = nd * nh
-            logits = torch.bmm(_rows(qs, docs, heads), _rows(k, docs, heads).transpose(1, 2), out=logits_buf[:n])
-            logits.view(nd, nh, T, T).add_(_bias_block(bias, docs, heads))
-            probs = torch.softmax(logits, -1, out=probs_buf[:n])
+            n = (docs.stop - docs.start) * (heads.stop - heads.start)
+            probs = _block_probs(qs, k, bias, docs, heads, logits_buf, probs_buf)  # (n, T, T)
             block_keep = _rows(keep, docs, heads)
             dy = _rows(grad_scaled, docs, heads)  # (n, T, hd)
             dropped = torch.mul(probs, block_keep, out=logits_buf[:n])  # logits are no longer needed

@@ -7,10 +7,10 @@ in every CSV are in percent and accuracy deltas in percentage points (see pefusi
 from __future__ import annotations
 
 import argparse
-import sys
 import base64
 import html
 import math
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping, Sequence
