@@ -158,10 +158,9 @@ def student_main(sweep: str, argv: Sequence[str] | None = None) -> int:
     trainable, space_file, description = SWEEPS[sweep]
     parser = argparse.ArgumentParser(prog=f"sweeps/{sweep}.py", description=description)
     add_preset_flag(parser, default="paper", presets=STUDENT_PRESETS)
-    for flag, kind, what, example in (("--alphas", float, "alpha = n/d", "0.5,1,2"), ("--omegas", float, "omega",
-                                                                                     "0,0.3"),
-                                      ("--seeds", int, "data seed", "0,1"),
-                                      ("--inits", str, "initialisation", "semantic,positional")):
+    narrowing = (("--alphas", float, "alpha = n/d", "0.5,1,2"), ("--omegas", float, "omega", "0,0.3"),
+                 ("--seeds", int, "data seed", "0,1"), ("--inits", str, "initialisation", "semantic,positional"))
+    for flag, kind, what, example in narrowing:
         parser.add_argument(flag, type=csv_list(kind), help=f"narrow the {what} grid, e.g. {flag} {example}")
     parser.add_argument("--d", type=int, help="embedding dimension (default: the preset's)")
     parser.add_argument("--iters", type=int, help="optimiser iterations (default: the preset's)")
