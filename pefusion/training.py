@@ -14,7 +14,7 @@ import math
 import statistics
 import time
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -108,12 +108,11 @@ class Trainer:
         cfg = self.train_cfg
         return self.epoch >= cfg.max_epochs or (cfg.early_stopping and self.bad_epochs >= cfg.patience)
 
-    def train_epoch(self) -> dict[str, float]:
-        """One pass over the training split, then validation; updates early stopping. Raises `Diverged`."""
+    def train_steps(self) -> Iterator[tuple[float, int]]:
+        """The optimiser steps of epoch `self.epoch`, one per batch, each yielding (batch loss, batch size).
+        Does not advance the epoch (train_epoch does). Raises `Diverged`."""
         cfg = self.train_cfg
         self.model.train()
-        start = time.perf_counter()
-        loss_sum, n_seen = 0.0, 0
         for batch in iter_batches(self.corpus.train, cfg.batch_size, shuffle=True, seed=cfg.seed,
                                   epoch=self.epoch, device=self.device):
             with self._autocast():
@@ -125,8 +124,16 @@ class Trainer:
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.optimizer.step()
-            loss_sum += loss.item() * len(batch.labels)
-            n_seen += len(batch.labels)
+            yield loss.item(), len(batch.labels)
+
+    def train_epoch(self) -> dict[str, float]:
+        """One pass over the training split, then validation; updates early stopping. Raises `Diverged`."""
+        cfg = self.train_cfg
+        start = time.perf_counter()
+        loss_sum, n_seen = 0.0, 0
+        for loss, n in self.train_steps():
+            loss_sum += loss * n
+            n_seen += n
         self.train_time_s += time.perf_counter() - start
         self.epoch += 1
 

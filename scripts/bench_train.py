@@ -14,9 +14,9 @@ What is measured, for "ours" and, with --compare-notebook, for the notebook base
   truncate, pad to max_len, torch.tensor).
 - data: one full epoch of batches, nothing else. Ours = `iter_batches` over the cached split (a later epoch);
   notebook = its DataLoader(batch_size, shuffle=True), which re-tokenises every document.
-- train: `--epochs` epochs after one warm-up batch each. Ours = the Adam step loop of
-  `pefusion.training.Trainer.train_epoch` (iter_batches, forward, cross-entropy, finiteness check, backward, step)
-  on the model and optimiser a `Trainer` builds; its per-epoch validation pass is not training and not timed.
+- train: `--epochs` epochs after one warm-up batch each. Ours = `pefusion.training.Trainer.train_steps`, the step
+  loop of `Trainer.train_epoch` (iter_batches, forward, cross-entropy, finiteness check, backward, step) on the
+  model and optimiser a `Trainer` builds; its per-epoch validation pass is not training and not timed.
   Notebook = its loop (DataLoader, forward, cross-entropy, zero_grad, backward, Adam step). The two run one
   step each in turn, every step (batch loading included) clocked to its side, so whatever else the machine runs
   slows both alike: "side by side in one run".
@@ -236,7 +236,7 @@ def ours_data(args: argparse.Namespace) -> tuple[EncodedCorpus, dict[str, int], 
 
 
 def ours_side(args: argparse.Namespace, trainer: Trainer) -> Side:
-    """`Trainer.train_epoch`'s training loop, step by step (its validation pass is not part of training)."""
+    """`Trainer.train_steps`, the training loop of `Trainer.train_epoch` (its validation pass is not training)."""
     train, model, optimizer = trainer.corpus.train, trainer.model, trainer.optimizer
     longest = np.argsort(train.lengths, kind="stable")[-args.batch_size:]  # warm up on the widest batch
     F.cross_entropy(model(torch.from_numpy(pad_batch(train, longest))), torch.from_numpy(train.labels[longest])
@@ -244,16 +244,9 @@ def ours_side(args: argparse.Namespace, trainer: Trainer) -> Side:
     optimizer.zero_grad(set_to_none=True)  # no parameter update
 
     def steps(epoch: int) -> Iterator[int]:
-        model.train()
-        for batch in iter_batches(train, args.batch_size, shuffle=True, seed=args.seed, epoch=epoch):
-            loss = F.cross_entropy(model(batch.tokens), batch.labels)
-            if not torch.isfinite(loss):
-                raise RuntimeError(f"non-finite training loss {loss.item()}")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss.item()  # train_epoch accumulates the loss
-            yield len(batch.labels)
+        trainer.epoch = epoch
+        for _, n in trainer.train_steps():
+            yield n
 
     return Side(steps)
 
