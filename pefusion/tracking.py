@@ -155,9 +155,12 @@ class SweepRecorder:
             run_id = found[0].info.run_id
             history = self.client.get_metric_history(run_id, R.VAL_ACC)
             self._last_step[run_id] = max((m.step for m in history), default=0)
-            if R.TAG_STATUS in found[0].data.tags:  # finished before a driver restart: leave it as it is
+            # Finished before a driver restart: leave it as it is. The status tag alone is not enough: a driver
+            # killed inside `finish_trial` leaves the tag on a run still RUNNING, whose finish must be redone.
+            finished = found[0].info.status != "RUNNING"
+            if finished and R.TAG_STATUS in found[0].data.tags:
                 self._done.add(run_id)
-            elif found[0].info.status != "RUNNING":
+            elif finished:
                 self.client.update_run(run_id, status="RUNNING")
         else:
             run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
@@ -168,6 +171,11 @@ class SweepRecorder:
             self._last_step[run_id] = 0
         self._runs[trial_id] = run_id
         return run_id
+
+    def unfinished_trials(self) -> set[str]:
+        """Trial ids whose child run is still RUNNING (one query), e.g. after a driver was killed mid-finish."""
+        runs = self._search(f"tags.`{R.TAG_PARENT}` = '{self.parent_run_id}' and attributes.status = 'RUNNING'")
+        return {r.data.tags[R.TAG_TRIAL_ID] for r in runs if R.TAG_TRIAL_ID in r.data.tags}
 
     def _log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 import ray
 from ray import tune
+from ray.tune.experiment import Trial
 from ray.tune.result import AUTO_RESULT_KEYS
 
 from pefusion import record as R
@@ -145,6 +146,19 @@ class MlflowTrialCallback(tune.Callback):
         self._run(trial)
         self.recorder.finish_trial(trial.trial_id, {**self._final(trial), R.STATUS: R.STATUS_ERROR,
                                                     R.ERROR: error_summary(_error_text(trial))})
+
+
+    def on_experiment_end(self, trials, **info):
+        # A trial Tune had already concluded when a previous driver was killed, before (or while) this callback
+        # wrote its end to MLflow, is never reported again on resume: finish its run from Tune's saved state.
+        unfinished = self.recorder.unfinished_trials()
+        for trial in trials:
+            if trial.trial_id not in unfinished:
+                continue
+            if trial.status == Trial.TERMINATED:
+                self.on_trial_complete(0, trials, trial)
+            elif trial.status == Trial.ERROR:
+                self.on_trial_error(0, trials, trial)
 
 
 def _error_text(trial) -> str:

@@ -1,0 +1,71 @@
+"""The MLflow recorder across a driver restart: a driver killed anywhere inside a trial's finish leaves no run
+RUNNING once the sweep is resumed (the SIGKILL test in test_sweep_processes.py hits these windows by chance;
+here each one is set up on purpose on a real sqlite store)."""
+from __future__ import annotations
+
+import pickle
+from types import SimpleNamespace
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from pefusion import record as R
+from pefusion.tracking import SweepRecorder
+from pefusion.tuning import MlflowTrialCallback
+
+FINAL = {R.STATUS: R.STATUS_OK, R.TEST_ACC: 0.75, R.EPOCHS_RUN: 2}
+
+
+@pytest.fixture
+def recorder(tmp_path) -> SweepRecorder:
+    return SweepRecorder(f"sqlite:///{tmp_path}/mlflow.db", "pe-fusion", "arxiv_grid", str(tmp_path / "sweep"))
+
+
+def _trial(trial_id: str, status: str = "TERMINATED", result: dict | None = None) -> SimpleNamespace:
+    """The attributes of a Tune Trial that the callback reads."""
+    return SimpleNamespace(trial_id=trial_id, status=status, config={R.SEED: 0}, checkpoint=None, error_file=None,
+                           last_result={R.EPOCH: 2, **(FINAL if result is None else result)},
+                           get_error=lambda: "Traceback (most recent call last):\nRuntimeError: boom")
+
+
+def _started(recorder: SweepRecorder, trial_id: str) -> str:
+    run_id = recorder.trial_run(trial_id, {R.SEED: 0})
+    for epoch in (1, 2):
+        recorder.log_epoch(trial_id, epoch, {R.VAL_ACC: 0.5 + epoch / 10})
+    return run_id
+
+
+def _restarted(recorder: SweepRecorder) -> MlflowTrialCallback:
+    """The callback as Tune restores it in a new driver (unpickled: no in-memory run state)."""
+    return MlflowTrialCallback(pickle.loads(pickle.dumps(recorder)), {}, lambda config: "")
+
+
+def test_finish_interrupted_after_the_status_tag_is_redone_when_the_trial_reports_again(recorder):
+    run_id = _started(recorder, "t1")
+    recorder.client.set_tag(run_id, R.TAG_STATUS, R.STATUS_OK)  # killed here, before set_terminated
+    callback = _restarted(recorder)
+    assert callback.recorder.unfinished_trials() == {"t1"}
+    callback.on_trial_complete(0, [], _trial("t1"))  # the restored trial re-reports its saved final record
+    run = recorder.client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics[R.TEST_ACC] == 0.75
+    assert callback.recorder.unfinished_trials() == set()
+
+
+def test_trials_tune_had_concluded_are_finished_at_experiment_end_and_others_left_alone(recorder):
+    done, cut, failed, pending = (_started(recorder, t) for t in ("done", "cut", "failed", "pending"))
+    recorder.finish_trial("done", FINAL)
+    recorder.client.set_tag(cut, R.TAG_STATUS, R.STATUS_OK)  # killed mid-finish
+    callback = _restarted(recorder)
+    callback.on_experiment_end([_trial("done"), _trial("cut"), _trial("failed", "ERROR", {}),
+                                _trial("pending", "PENDING", {})])
+    client: MlflowClient = recorder.client
+    status = {k: client.get_run(r).info.status for k, r in
+              {"done": done, "cut": cut, "failed": failed, "pending": pending}.items()}
+    assert status == {"done": "FINISHED", "cut": "FINISHED", "failed": "FAILED", "pending": "RUNNING"}
+    assert client.get_run(failed).data.tags[R.TAG_STATUS] == R.STATUS_ERROR
+    assert client.get_run(failed).data.tags[R.TAG_ERROR] == "RuntimeError: boom"
+    # the run finished before the restart was not written again; the redone one has its final metrics once more
+    assert len(client.get_metric_history(done, R.TEST_ACC)) == 1
+    assert client.get_run(cut).data.metrics[R.TEST_ACC] == 0.75
+    # epochs are never re-logged by a finish
+    assert [m.step for m in client.get_metric_history(cut, R.VAL_ACC)] == [1, 2]
