@@ -47,6 +47,14 @@ def kfold_masks(n: int, folds: int, seed: int) -> torch.Tensor:
     return fold_of[None, :] != torch.arange(folds)[:, None]
 
 
+def cv_replicas(n: int, lam_grid: Sequence[float], folds: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The students of one λ-CV point: training masks (G·(K+1), n) bool and weight decays (G·(K+1),) float64,
+    λ-major, then folds 0..K−1, then the refit on all n samples."""
+    train_masks = torch.cat([kfold_masks(n, folds, seed), torch.ones(1, n, dtype=torch.bool)])  # (K+1, n)
+    lam = torch.tensor(lam_grid, dtype=torch.float64).repeat_interleave(folds + 1)
+    return train_masks.repeat(len(lam_grid), 1), lam
+
+
 def _check_grid(lam_grid: Sequence[float]) -> tuple[float, ...]:
     grid = tuple(float(x) for x in lam_grid)
     if not grid or any(not (math.isfinite(x) and x >= 0) for x in grid):
@@ -66,10 +74,7 @@ def run_cv_point(point: StudentConfig, lam_grid: Sequence[float] = DEFAULT_LAM_G
     grid = _check_grid(lam_grid)
     data = point_data(point)
     n, n_lam = point.n, len(grid)
-    train_masks = torch.cat([kfold_masks(n, folds, point.seed), torch.ones(1, n, dtype=torch.bool)])  # (K+1, n)
-    # Replica order: λ-major, then folds 0..K−1, then the all-n refit.
-    weights = train_masks.repeat(n_lam, 1)  # (G·(K+1), n)
-    lam = torch.tensor(grid, dtype=torch.float64).repeat_interleave(folds + 1)  # (G·(K+1),)
+    weights, lam = cv_replicas(n, grid, folds, point.seed)  # (G·(K+1), n), (G·(K+1),)
     q0 = initial_q(point.init, data.q_star, point.seed)[None].expand(weights.shape[0], -1, -1)
     Q = fit_students(data.train, q0, lam, weights, optim=point.optim, lr=point.lr, iters=point.iters)
     err = attention_errors(data.train, Q).double()  # (R, n)
