@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
@@ -29,3 +31,15 @@ def test_bench_train_prints_the_three_rates_for_ours_and_the_notebook(tmp_path):
                 "notebook_train_samples_per_s", "speedup_train_samples_per_s"):
         assert result[key] > 0, key
     assert result["n_train"] == 40 and 0 <= result["padding_fraction"] < result["notebook_padding_fraction"]
+
+
+def test_bench_student_prints_the_three_comparisons_with_the_same_fit_result(tmp_path):
+    out = _run(str(REPO / "scripts" / "bench_student.py"), "--d", "40", "--teacher-n", "50", "--iters", "30",
+               "--naive-iters", "30", "--batch-iters", "30", cwd=tmp_path)
+    teacher, fit, batched = (json.loads(line) for line in out.stdout.strip().splitlines())
+    assert teacher["bench"] == "teacher_generation" and teacher["speedup_cpu"] > 0
+    # the fast fit and the einsum + DataLoader model reach the same weights and training loss
+    assert fit["bench"] == "fit_5000_gd" and not fit["naive_extrapolated"] and fit["q_rel_diff"] < 1e-5
+    assert abs(fit["eps_t_fast"] - fit["eps_t_naive"]) <= 1e-6 * fit["eps_t_naive"]
+    assert batched["replicas"] == 30 and batched["one_cpu_s"] > 0 and batched["one_all_n_cpu_s"] > 0
+    assert batched["ratio_cpu"] == pytest.approx(batched["batched_cpu_s"] / batched["one_cpu_s"], rel=2e-3)
