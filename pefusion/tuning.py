@@ -147,7 +147,6 @@ class MlflowTrialCallback(tune.Callback):
         self.recorder.finish_trial(trial.trial_id, {**self._final(trial), R.STATUS: R.STATUS_ERROR,
                                                     R.ERROR: error_summary(_error_text(trial))})
 
-
     def on_experiment_end(self, trials, **info):
         # A trial Tune had already concluded when a previous driver was killed, before (or while) this callback
         # wrote its end to MLflow, is never reported again on resume: finish its run from Tune's saved state.

@@ -190,17 +190,22 @@ def test_batched_fit_equals_fits_one_by_one(optim, dtype, rtol, monkeypatch):
 def test_gd_replicas_leave_the_batch_at_a_fixed_point_with_the_weights_of_all_iterations(dtype, monkeypatch):
     """A strong weight decay (λ = 4: Q shrinks by 1 − lr·λ = 0.4 a step) drives Q towards 0 (s = 0 makes the data
     gradient 0) until, among the smallest (subnormal) floats, a step rounds back to the same Q, well before 3 000
-    steps in float32 and float64; those replicas then leave the batch. Their result is bitwise the one of running every step (checks switched off),
-    and the replicas still training when they left stay within summation-order tolerance of that run."""
+    steps in float32 and float64; those replicas then leave the batch. Their result is bitwise the one of running
+    every step (checks switched off), and the replicas still training when they left stay within summation-order
+    tolerance of that run."""
     cfg = StudentConfig(d=40, alpha=1.5, seed=2, init="semantic", dtype=dtype)
     data = S.point_data(cfg)
     q0 = S.initial_q(cfg.init, data.q_star, cfg.seed)[None].expand(6, -1, -1)
     lam = torch.tensor([1e-3, 1e-3, 1e-3, 4.0, 4.0, 4.0])
     weights = kfold_masks(cfg.n, 3, seed=0).repeat(2, 1)
-    left_at: list[int] = []
+    left_at: list[int] = []  # the number of replicas each time the batch is (re)built
     real_sample_blocks = S._sample_blocks
-    monkeypatch.setattr(S, "_sample_blocks", lambda stats, w, r: left_at.append(len(w)) or real_sample_blocks(
-        stats, w, r))
+
+    def sample_blocks(stats, w, r):
+        left_at.append(len(w))
+        return real_sample_blocks(stats, w, r)
+
+    monkeypatch.setattr(S, "_sample_blocks", sample_blocks)
     early = S.fit_students(data.train, q0, lam, weights, iters=3000)
     assert left_at[0] == 6 and left_at[-1] == 3  # the three λ = 4 replicas left, the others trained on
     assert float(early[3:].abs().max()) < 1e-30
