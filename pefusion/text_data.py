@@ -145,16 +145,18 @@ def _lookup_all(table: dict[str, int], words: list[str]) -> np.ndarray:
     return np.array([table[w] for w in words], dtype=np.int64)
 
 
-def _first_seen_ids(texts: Sequence[str]) -> tuple[dict[str, int], list[np.ndarray], np.ndarray]:
-    """Every word of `texts` as a provisional id: (word -> provisional id, per-document id arrays (int64),
-    raw lengths (N,) int64)."""
-    seen = _FirstSeenIds()
+def _ids_per_document(texts: Sequence[str], table: dict[str, int],
+                      max_len: int | None = None) -> tuple[list[np.ndarray], np.ndarray]:
+    """table[word] for the words of each text, the first max_len of them (all if None; words past it are never
+    looked up): (per-document id arrays (int64), raw lengths (N,) int64, before truncation)."""
     docs, raw_lengths = [], np.empty(len(texts), dtype=np.int64)
     for i, text in enumerate(texts):
         words = tokenize(text)
         raw_lengths[i] = len(words)
-        docs.append(_lookup_all(seen, words))
-    return seen, docs, raw_lengths
+        if max_len is not None and len(words) > max_len:
+            del words[max_len:]
+        docs.append(_lookup_all(table, words))
+    return docs, raw_lengths
 
 
 def _vocab_from_counts(seen: dict[str, int], counts: np.ndarray, min_freq: int,
@@ -194,8 +196,10 @@ def build_vocab(texts: Sequence[str], min_freq: int = 2, max_vocab: int = 50_000
 def _training_vocab(texts: Sequence[str], min_freq: int,
                     max_vocab: int) -> tuple[dict[str, int], np.ndarray, list[np.ndarray], np.ndarray]:
     """The vocabulary of `texts`, the table provisional id -> vocabulary id, and the texts as provisional ids
-    with their raw lengths (see _first_seen_ids): one pass over the words, counted with bincount."""
-    seen, docs, raw_lengths = _first_seen_ids(texts)
+    with their raw lengths: one pass over the words (each new word numbered as it first appears), counted with
+    bincount."""
+    seen = _FirstSeenIds()
+    docs, raw_lengths = _ids_per_document(texts, seen)
     counts = np.bincount(np.concatenate(docs), minlength=len(seen)) if docs else np.zeros(0, dtype=np.int64)
     return (*_vocab_from_counts(seen, counts, min_freq, max_vocab), docs, raw_lengths)
 
@@ -212,16 +216,7 @@ def encode(texts: Sequence[str], vocab: dict[str, int], max_len: int) -> tuple[n
     """Token ids of `texts`, each truncated to max_len -> (ids int32 (total,), offsets int64 (N+1,),
     raw_lengths int64 (N,)). Words past max_len are never looked up; unknown words, and a word spelled like the
     padding token, are UNK."""
-    lookup = _VocabLookup(vocab)
-    docs: list[np.ndarray] = []
-    raw_lengths = np.empty(len(texts), dtype=np.int64)
-    for i, text in enumerate(texts):
-        words = tokenize(text)
-        raw_lengths[i] = len(words)
-        if len(words) > max_len:
-            del words[max_len:]
-        docs.append(_lookup_all(lookup, words))
-    return _pack(docs, raw_lengths, max_len)
+    return _pack(*_ids_per_document(texts, _VocabLookup(vocab), max_len), max_len)
 
 
 # ---------------------------------------------------------------------------------------------------------
