@@ -191,7 +191,7 @@ def test_gd_replicas_leave_the_batch_at_a_fixed_point_with_the_weights_of_all_it
     """A strong weight decay (λ = 4: Q shrinks by 1 − lr·λ = 0.4 a step) drives Q towards 0 (s = 0 makes the data
     gradient 0) until, among the smallest (subnormal) floats, a step rounds back to the same Q, well before 3 000
     steps in float32 and float64; those replicas then leave the batch. Their result is bitwise the one of running
-    every step (checks switched off), and the replicas still training when they left stay within summation-order
+    every step (fixed_point_exit=False), and the replicas still training when they left stay within summation-order
     tolerance of that run."""
     cfg = StudentConfig(d=40, alpha=1.5, seed=2, init="semantic", dtype=dtype)
     data = S.point_data(cfg)
@@ -209,8 +209,7 @@ def test_gd_replicas_leave_the_batch_at_a_fixed_point_with_the_weights_of_all_it
     early = S.fit_students(data.train, q0, lam, weights, iters=3000)
     assert left_at[0] == 6 and left_at[-1] == 3  # the three λ = 4 replicas left, the others trained on
     assert float(early[3:].abs().max()) < 1e-30
-    monkeypatch.setattr(S, "FIXED_POINT_CHECK_EVERY", 10 ** 9)  # no checks: every replica runs every step
-    full = S.fit_students(data.train, q0, lam, weights, iters=3000)
+    full = S.fit_students(data.train, q0, lam, weights, iters=3000, fixed_point_exit=False)  # all replicas, all steps
     assert torch.equal(early[3:], full[3:])
     torch.testing.assert_close(early[:3], full[:3], rtol=5e-5 if dtype == "float32" else 1e-10, atol=1e-7)
 
