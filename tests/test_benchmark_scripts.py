@@ -38,6 +38,8 @@ def test_bench_student_prints_the_three_comparisons_with_the_same_fit_result(tmp
                "--naive-iters", "30", "--batch-iters", "30", cwd=tmp_path)
     teacher, fit, batched = (json.loads(line) for line in out.stdout.strip().splitlines())
     assert teacher["bench"] == "teacher_generation" and teacher["speedup_cpu"] > 0
+    rounds = teacher["speedup_cpu_rounds"]  # the reported ratio is the median of the interleaved rounds
+    assert len(rounds) == 3 and teacher["speedup_cpu"] == pytest.approx(sorted(rounds)[1], abs=0.06)
     # the fast fit and the einsum + DataLoader model reach the same weights and training loss
     assert fit["bench"] == "fit_5000_gd" and not fit["naive_extrapolated"] and fit["q_rel_diff"] < 1e-5
     assert abs(fit["eps_t_fast"] - fit["eps_t_naive"]) <= 1e-6 * fit["eps_t_naive"]
