@@ -191,12 +191,14 @@ def bench_batched(d: int, alpha: float, iters: int) -> None:
     weights, lam = cv_replicas(cfg.n, DEFAULT_LAM_GRID, DEFAULT_FOLDS, cfg.seed)  # the 30 students of a λ-CV point
     replicas = len(lam)
     S.fit_students(data.train, q0[None], 0.01, iters=2)  # warm-up
+
+    def alone(i: int) -> list[tuple[object, float, float]]:  # replica i fitted on its own, twice
+        return [timed(lambda: S.fit_students(data.train, q0[None], lam[i:i + 1], weights[i:i + 1], iters=iters))
+                for _ in range(2)]
+
     # one of them alone: fold 0's student (4/5 of the samples; the cheapest), and the refit of the same λ on all n
-    # samples (what scripts/student_fit.py fits at a point)
-    one = [timed(lambda: S.fit_students(data.train, q0[None], lam[:1], weights[:1], iters=iters)) for _ in range(2)]
-    refit = DEFAULT_FOLDS
-    one_all_n = [timed(lambda: S.fit_students(data.train, q0[None], lam[refit:refit + 1], weights[refit:refit + 1],
-                                              iters=iters)) for _ in range(2)]
+    # samples (what scripts/student_fit.py fits at a point; replicas are λ-major, folds first, then the refit)
+    one, one_all_n = alone(0), alone(DEFAULT_FOLDS)
 
     def batched(fixed_point_exit: bool = True):
         return S.fit_students(data.train, q0[None].expand(replicas, -1, -1), lam, weights, iters=iters,
