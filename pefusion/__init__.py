@@ -11,8 +11,10 @@ import os
 # n = 2 200 went from 53 to 24 ms, more than half of it page faults (scripts/bench_student.py).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from pefusion.config import PRESETS, ConfigError, DataConfig, ModelConfig, TrainConfig
-from pefusion.encoder import PEFusionClassifier, build_model, build_model_from_config
+from pefusion.fusion.config import PRESETS, ModelConfig, TrainConfig
+from pefusion.errors import ConfigError
+from pefusion.data.config import DataConfig
+from pefusion.fusion.model import PEFusionClassifier, build_model, build_model_from_config
 
 __all__ = [
     "PRESETS",

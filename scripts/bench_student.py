@@ -31,9 +31,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from pefusion import student as S
-from pefusion.student import StudentConfig
-from pefusion.student_cv import DEFAULT_FOLDS, DEFAULT_LAM_GRID, cv_replicas
+from pefusion.student import model as S
+from pefusion.student.model import StudentConfig
+from pefusion.student.cv import DEFAULT_FOLDS, DEFAULT_LAM_GRID, cv_replicas
 
 
 def timed(fn: Callable[[], object]) -> tuple[object, float, float]:

@@ -21,11 +21,11 @@ import pefusion  # noqa: F401  (first: it sets PyTorch's huge-page switch, read 
 import torch
 
 from pefusion import record as R
-from pefusion.cli import add_preset_flag, csv_list, print_result, run_main
-from pefusion.config import PRESETS, split_trial_config
-from pefusion.search_space import PEFUSION_RULES, load_search_space
-from pefusion.text_data import load_corpus
-from pefusion.training import train_and_evaluate
+from pefusion.cli.flags import add_preset_flag, csv_list, print_result, run_main
+from pefusion.fusion.config import PRESETS, split_trial_config
+from pefusion.sweep.space import PEFUSION_RULES, load_search_space
+from pefusion.data.corpus import load_corpus
+from pefusion.fusion.training import train_and_evaluate
 
 SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "arxiv_grid_demo.yaml"
 
@@ -56,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ray import tune
 
-    from pefusion.fusion_sweep import run_pefusion_sweep
-    from pefusion.tuning import SweepOptions, start_ray
+    from pefusion.fusion.trainable import run_pefusion_sweep
+    from pefusion.sweep.driver import SweepOptions, start_ray
 
     with tempfile.TemporaryDirectory() as tmp:
         opts = SweepOptions(sweep="bench", experiment="bench", storage_path=f"{tmp}/ray", cpus_per_trial=1.0,

@@ -14,7 +14,7 @@ What is measured, for "ours" and, with --compare-notebook, for the notebook base
   truncate, pad to max_len, torch.tensor).
 - data: one full epoch of batches, nothing else. Ours = `iter_batches` over the cached split (a later epoch);
   notebook = its DataLoader(batch_size, shuffle=True), which re-tokenises every document.
-- train: `--epochs` epochs after one warm-up batch each. Ours = `pefusion.training.Trainer.train_steps`, the step
+- train: `--epochs` epochs after one warm-up batch each. Ours = `pefusion.fusion.training.Trainer.train_steps`, the step
   loop of `Trainer.train_epoch` (iter_batches, forward, cross-entropy, finiteness check, backward, step) on the
   model and optimiser a `Trainer` builds; its per-epoch validation pass is not training and not timed.
   Notebook = its loop (DataLoader, forward, cross-entropy, zero_grad, backward, Adam step). The two run one
@@ -51,13 +51,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from pefusion.cli import print_result, run_main
-from pefusion.config import ATTENTION_PE_TYPES, FUSIONS, PE_TYPES, ConfigError, DataConfig, ModelConfig, TrainConfig
-from pefusion.fusion import build_fusion
-from pefusion.positional import build_positional
-from pefusion.text_data import (EncodedCorpus, EncodedSplit, batch_order, find_split_files, iter_batches, load_corpus,
-                                load_vocab, pad_batch)
-from pefusion.training import Trainer
+from pefusion.cli.flags import print_result, run_main
+from pefusion.fusion.config import ATTENTION_PE_TYPES, FUSIONS, PE_TYPES, ModelConfig, TrainConfig
+from pefusion.errors import ConfigError
+from pefusion.data.config import DataConfig
+from pefusion.fusion.operators import build_fusion
+from pefusion.fusion.positional import build_positional
+from pefusion.data.corpus import (EncodedCorpus, EncodedSplit, batch_order, find_split_files, iter_batches,
+                                  load_corpus, load_vocab, pad_batch)
+from pefusion.fusion.training import Trainer
 
 # Issue #2's targets for ours/notebook, checked on the CPU-time rates (the wall-clock ones agree when interleaved).
 TARGETS = {"train": 2.0, "data": 20.0, "tokenize": 1.0}

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from pefusion.cli import run_main
-from pefusion.report import add_source_flags, load_sweep_from_args, write_paired_deltas
-from pefusion.tracking import PEFUSION_EXPERIMENT
+from pefusion.cli.flags import run_main
+from pefusion.analysis.report import add_source_flags, load_sweep_from_args, write_paired_deltas
+from pefusion.sweep.tracking import PEFUSION_EXPERIMENT
 
 
 def main(argv: Sequence[str] | None = None) -> int:

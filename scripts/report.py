@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from pefusion.analysis import published_alpha_curves
-from pefusion.cli import run_main
-from pefusion.report import add_source_flags, build_report, load_sweep_from_args
-from pefusion.tracking import PEFUSION_EXPERIMENT
+from pefusion.analysis.tables import published_alpha_curves
+from pefusion.cli.flags import run_main
+from pefusion.analysis.report import add_source_flags, build_report, load_sweep_from_args
+from pefusion.sweep.tracking import PEFUSION_EXPERIMENT
 
 
 def main(argv: Sequence[str] | None = None) -> int:

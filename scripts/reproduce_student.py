@@ -17,8 +17,8 @@ import sys
 import pefusion  # noqa: F401  (first: it sets PyTorch's huge-page switch, read when torch loads)
 import torch
 
-from pefusion.config import ConfigError
-from pefusion.student_cv import reproduction_report
+from pefusion.errors import ConfigError
+from pefusion.student.cv import reproduction_report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,9 +13,9 @@ import sys
 import pefusion  # noqa: F401  (first: it sets PyTorch's huge-page switch, read when torch loads)
 import torch
 
-from pefusion.cli import print_result
-from pefusion.config import ConfigError
-from pefusion.student import DTYPES, INITS, OPTIMS, TEACHER_A, StudentConfig, fit_point
+from pefusion.cli.flags import print_result
+from pefusion.errors import ConfigError
+from pefusion.student.model import DTYPES, INITS, OPTIMS, TEACHER_A, StudentConfig, fit_point
 
 
 class _Parser(argparse.ArgumentParser):

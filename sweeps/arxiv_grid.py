@@ -13,11 +13,11 @@ import argparse
 from typing import Sequence
 
 from pefusion import record as R
-from pefusion.cli import (add_data_flags, add_preset_flag, add_sweep_flags, csv_list, resolve_preset, run_main,
-                          search_space_path, sweep_options)
-from pefusion.search_space import PEFUSION_RULES, check_pe_fusion_pairs, grid_size, load_search_space, to_tune
-from pefusion.text_data import load_corpus
-from pefusion.tracking import PEFUSION_EXPERIMENT
+from pefusion.cli.flags import (add_data_flags, add_preset_flag, add_sweep_flags, csv_list, resolve_preset, run_main,
+                                search_space_path, sweep_options)
+from pefusion.sweep.space import PEFUSION_RULES, check_pe_fusion_pairs, grid_size, load_search_space, to_tune
+from pefusion.data.corpus import load_corpus
+from pefusion.sweep.tracking import PEFUSION_EXPERIMENT
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             space = space.override_values(key, values)
     check_pe_fusion_pairs(space, preset.model)
 
-    from pefusion.fusion_sweep import run_pefusion_sweep, summary_table, validate_trial_configs, write_results
+    from pefusion.fusion.trainable import run_pefusion_sweep, summary_table, validate_trial_configs, write_results
 
     validate_trial_configs(space, preset)
     opts = sweep_options(args, "arxiv_grid", argv)

@@ -15,12 +15,12 @@ import dataclasses
 from typing import Sequence
 
 from pefusion import record as R
-from pefusion.cli import (add_data_flags, add_preset_flag, add_sweep_flags, resolve_preset, run_main,
-                          search_space_path, sweep_options)
-from pefusion.config import ConfigError
-from pefusion.search_space import PEFUSION_RULES, check_pe_fusion_pairs, load_search_space, require_no_grid, to_tune
-from pefusion.text_data import load_corpus
-from pefusion.tracking import PEFUSION_EXPERIMENT
+from pefusion.cli.flags import (add_data_flags, add_preset_flag, add_sweep_flags, resolve_preset, run_main,
+                                search_space_path, sweep_options)
+from pefusion.errors import ConfigError
+from pefusion.sweep.space import PEFUSION_RULES, check_pe_fusion_pairs, load_search_space, require_no_grid, to_tune
+from pefusion.data.corpus import load_corpus
+from pefusion.sweep.tracking import PEFUSION_EXPERIMENT
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-    from pefusion.fusion_sweep import budget_summary, run_pefusion_sweep, validate_trial_configs, write_results
+    from pefusion.fusion.trainable import budget_summary, run_pefusion_sweep, validate_trial_configs, write_results
 
     validate_trial_configs(space, preset)
     opts = sweep_options(args, "lr_batch_asha", argv)

@@ -41,8 +41,8 @@ def cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smoke_preset(cache_dir):
     """The arxiv preset shrunk to seconds per trial, on the synthetic corpus (what `--smoke --synthetic` gives)."""
-    from pefusion.cli import smoke_budget
-    from pefusion.config import PRESETS
+    from pefusion.cli.flags import smoke_budget
+    from pefusion.fusion.config import PRESETS
 
     base = PRESETS["arxiv"]
     data = dataclasses.replace(base.data, synthetic=True, cache_dir=str(cache_dir))
@@ -51,7 +51,7 @@ def smoke_preset(cache_dir):
 
 @pytest.fixture(scope="session")
 def smoke_corpus(smoke_preset):
-    from pefusion.text_data import load_corpus
+    from pefusion.data.corpus import load_corpus
 
     return load_corpus(smoke_preset.data)
 

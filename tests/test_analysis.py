@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from pefusion import analysis as A
+from pefusion.analysis import tables as A
 from pefusion import record as R
-from pefusion.report import build_report
+from pefusion.analysis.report import build_report
 
 from conftest import REPO, load_script
 

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from pefusion import ConfigError, ModelConfig, build_model, build_model_from_config
-from pefusion.config import FUSIONS, PAPER_FUSIONS, PAPER_PE_TYPES, PE_TYPES, allowed_pairs
-from pefusion.encoder import EncoderLayer
-from pefusion.fusion import build_fusion
-from pefusion.positional import ALiBi, PaperRelative, PaperRope, Rotary, Sinusoidal, build_positional
+from pefusion.fusion.config import FUSIONS, PAPER_FUSIONS, PAPER_PE_TYPES, PE_TYPES, allowed_pairs
+from pefusion.fusion.model import EncoderLayer
+from pefusion.fusion.operators import build_fusion
+from pefusion.fusion.positional import ALiBi, PaperRelative, PaperRope, Rotary, Sinusoidal, build_positional
 
 V, C, D, NHEAD, FF, LAYERS, MAX_LEN, KERNEL = 50, 3, 16, 2, 24, 2, 20, 3
 PAIRS = allowed_pairs()

@@ -5,11 +5,10 @@ from pathlib import Path
 import pytest
 from ray.tune.search import sample
 
-from pefusion.config import ConfigError
-from pefusion.search_space import (PEFUSION_RULES, STUDENT_RULES, Choice, Constant, Grid, LogUniform, RandInt,
-                                   SearchSpaceError, Uniform, check_pe_fusion_pairs, grid_size, has_grid,
-                                   load_search_space, parse_search_space, pe_fusion_pairs, require_no_grid,
-                                   to_tune)
+from pefusion.errors import ConfigError
+from pefusion.sweep.space import (PEFUSION_RULES, STUDENT_RULES, Choice, Constant, Grid, LogUniform, RandInt,
+                                  SearchSpaceError, Uniform, check_pe_fusion_pairs, grid_size, has_grid,
+                                  load_search_space, parse_search_space, pe_fusion_pairs, require_no_grid, to_tune)
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 RULES_OF = {"arxiv_grid": PEFUSION_RULES, "lr_batch": PEFUSION_RULES, "lambda_cv": STUDENT_RULES,
@@ -187,7 +186,7 @@ def test_override_replaces_and_validates():
 
 
 def test_pe_fusion_pairs_fill_missing_keys_from_the_base_model():
-    from pefusion.config import ModelConfig
+    from pefusion.fusion.config import ModelConfig
     space = parse_search_space({"fusion": {"grid": ["add", "concat"]}}, PEFUSION_RULES)
     assert pe_fusion_pairs(space) == [("sinusoidal", "add"), ("sinusoidal", "concat")]
     base = ModelConfig(pe_type="rotary", fusion="none")

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from pefusion import record as R
-from pefusion import student as S
-from pefusion.config import ConfigError
-from pefusion.student import StudentConfig
-from pefusion.student_cv import kfold_masks, reproduction_report, run_cv_point
+from pefusion.student import model as S
+from pefusion.errors import ConfigError
+from pefusion.student.model import StudentConfig
+from pefusion.student.cv import kfold_masks, reproduction_report, run_cv_point
 
 ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
@@ -311,7 +311,7 @@ def test_cv_point_refit_equals_a_direct_fit_at_lambda_star():
 
 def test_a_diverging_lambda_is_never_chosen_and_a_diverged_fit_is_recorded_as_such():
     """GD with lr·λ > 2 blows up (|1 − lr·λ| > 1 per step): at lr 3, λ = 1 diverges and λ = 1e-3 does not."""
-    from pefusion.student_sweep import with_status
+    from pefusion.student.trainable import with_status
 
     point = StudentConfig(d=32, alpha=1.0, init="semantic", lr=3.0, iters=300, n_test=500)
     res = run_cv_point(point, (1e-3, 1.0), folds=2)

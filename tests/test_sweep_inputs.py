@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import REPO, load_script
-from pefusion.config import ConfigError
+from pefusion.errors import ConfigError
 
 
 BAD_INPUTS = [

@@ -18,7 +18,7 @@ import torch
 
 from conftest import REPO, free_port
 from pefusion import record as R
-from pefusion.fusion_sweep import TIMING_COLUMNS
+from pefusion.fusion.trainable import TIMING_COLUMNS
 
 pytestmark = pytest.mark.subprocess_ray
 

@@ -11,12 +11,12 @@ import torch
 
 from conftest import load_script
 from pefusion import record as R
-from pefusion.config import ConfigError
-from pefusion.tracking import resolve_tracking_uri
+from pefusion.errors import ConfigError
+from pefusion.sweep.tracking import resolve_tracking_uri
 
 
 def _options(tmp: Path, **kw):
-    from pefusion.tuning import SweepOptions
+    from pefusion.sweep.driver import SweepOptions
 
     kw.setdefault("cpus_per_trial", 1.0)
     return SweepOptions(sweep="arxiv_grid", experiment="pe-fusion", storage_path=str(tmp / "ray_results"),
@@ -39,7 +39,7 @@ def _children(parent_run_id: str):
 
 def test_fractional_gpus_run_four_trials_at_once(local_ray, in_tmp, smoke_preset, smoke_corpus):
     """0.25 GPU per trial on one logical GPU: four trials run together, each sees one device."""
-    from pefusion.fusion_sweep import pefusion_trainable, run_pefusion_sweep
+    from pefusion.fusion.trainable import pefusion_trainable, run_pefusion_sweep
 
     barrier = str(in_tmp / "barrier")
 
@@ -69,7 +69,7 @@ def test_fractional_gpus_run_four_trials_at_once(local_ray, in_tmp, smoke_preset
 
 def test_failures_are_recorded_never_dropped(local_ray, in_tmp, smoke_preset, smoke_corpus):
     """A trial that raises and one that diverges leave the sweep complete and are recorded with their reason."""
-    from pefusion.fusion_sweep import aggregate_rows, pefusion_trainable, run_pefusion_sweep, summary_table
+    from pefusion.fusion.trainable import aggregate_rows, pefusion_trainable, run_pefusion_sweep, summary_table
 
     def faulty(config, **kwargs):
         if config["fusion"] == "concat" and config["seed"] == 1:
@@ -105,8 +105,8 @@ def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, 
     loads with weights_only=True and reproduces the recorded test accuracy."""
     import mlflow
 
-    from pefusion.fusion_sweep import load_checkpoint, run_pefusion_sweep
-    from pefusion.text_data import iter_batches
+    from pefusion.fusion.trainable import load_checkpoint, run_pefusion_sweep
+    from pefusion.data.corpus import iter_batches
 
     rows, recorder, _ = run_pefusion_sweep(smoke_corpus, smoke_preset, "smoke",
                                            _grid(pe_type=["learned"], fusion=["gate_cnn"], seed=[3]),

@@ -6,9 +6,9 @@ import collections
 import numpy as np
 import pytest
 
-from pefusion import synthetic_corpus as sc
-from pefusion import text_data as td
-from pefusion.config import DataConfig
+from pefusion.data import synthetic as sc
+from pefusion.data import corpus as td
+from pefusion.data.config import DataConfig
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from pefusion import text_data as td
-from pefusion.config import DataConfig
+from pefusion.data import corpus as td
+from pefusion.data.config import DataConfig
 from pefusion.record import length_bucket_labels
-from pefusion.text_data import PAD_ID, UNK_ID, DataError
+from pefusion.data.corpus import PAD_ID, UNK_ID, DataError
 
 # "the" x3, "cat" x2 in train; "dog" once (below min_freq); "zebra" only in test.
 TRAIN = [("The cat sat", "pos"), ("the CAT ran far", "neg"), ("the dog", "pos"), ("   ", "neg")]

@@ -10,8 +10,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pefusion import record as R
-from pefusion.tracking import SweepRecorder
-from pefusion.tuning import MlflowTrialCallback
+from pefusion.sweep.tracking import SweepRecorder
+from pefusion.sweep.driver import MlflowTrialCallback
 
 FINAL = {R.STATUS: R.STATUS_OK, R.TEST_ACC: 0.75, R.EPOCHS_RUN: 2}
 

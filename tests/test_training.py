@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from pefusion import record as R
-from pefusion.config import PRESETS
-from pefusion.text_data import load_corpus
-from pefusion.training import Trainer, length_bucket_accuracy, macro_f1, train_and_evaluate
+from pefusion.fusion.config import PRESETS
+from pefusion.data.corpus import load_corpus
+from pefusion.fusion.training import Trainer, length_bucket_accuracy, macro_f1, train_and_evaluate
 
 TIMING = {R.LAT_MS_MEAN, R.LAT_MS_STD, R.TRAIN_TIME_S}
 

@@ -18,8 +18,8 @@ from ray.tune.experiment import Trial
 from ray.tune.result import AUTO_RESULT_KEYS
 
 from pefusion import record as R
-from pefusion.config import ConfigError
-from pefusion.tracking import SweepRecorder, check_tracking, resolve_tracking_uri
+from pefusion.errors import ConfigError
+from pefusion.sweep.tracking import SweepRecorder, check_tracking, resolve_tracking_uri
 
 # Persist Tune's experiment state at least every second, so a driver killed with SIGKILL loses (almost) no
 # finished trial; the state file is tiny next to an epoch of training.
@@ -36,7 +36,7 @@ RAY_EXTRA_KEYS = {"trial_id", "done", "should_checkpoint", "experiment_tag", "ch
 
 @dataclass
 class SweepOptions:
-    """The flags every sweep script shares (see `pefusion.cli.add_sweep_flags`)."""
+    """The flags every sweep script shares (see `pefusion.cli.flags.add_sweep_flags`)."""
 
     sweep: str  # arxiv_grid | lr_batch_asha | lambda_cv | phase_diagram
     experiment: str

@@ -2,7 +2,7 @@
 
 Two kinds:
 - input PEs (`sinusoidal`, `learned`, `rope`, `relative`, `none`) return P of shape (1, T, d), which a fusion
-  operator (pefusion.fusion) combines with the token embeddings;
+  operator (pefusion.fusion.operators) combines with the token embeddings;
 - attention PEs (`rotary`, `alibi`, beyond the paper) act inside every attention layer: `Rotary` rotates q and k,
   `ALiBi` biases the attention logits. Nothing is fused at the input for them (fusion must be 'none').
 
@@ -16,7 +16,7 @@ import math
 import torch
 from torch import nn
 
-from pefusion.config import ModelConfig
+from pefusion.fusion.config import ModelConfig
 
 
 def _inverse_frequencies(dim: int) -> torch.Tensor:

@@ -24,8 +24,9 @@ from typing import Any, Mapping, Sequence, Union
 import yaml
 
 from pefusion import record
-from pefusion.config import (ACTIVATIONS, DEVICES, FUSIONS, OPTIMIZERS, PE_TYPES, PRECISIONS, ConfigError,
-                             ModelConfig, TrainConfig, check_pe_fusion)
+from pefusion.fusion.config import (ACTIVATIONS, DEVICES, FUSIONS, OPTIMIZERS, PE_TYPES, PRECISIONS, ModelConfig,
+                                    TrainConfig, check_pe_fusion)
+from pefusion.errors import ConfigError
 
 
 class SearchSpaceError(ConfigError):

@@ -1,7 +1,7 @@
 """The student-attention study on Ray Tune: one trial per point, λ cross-validation or a fixed-λ phase diagram.
 
 A λ-CV trial fits every λ × fold (and the refits) of its point as one batched tensor program
-(`pefusion.student_cv.run_cv_point`); a phase-diagram trial fits the semantic and positional initialisations
+(`pefusion.student.cv.run_cv_point`); a phase-diagram trial fits the semantic and positional initialisations
 together (`run_phase_point`). Each ends with one `tune.report` of its record; the CV curve travels as a CSV in
 the trial's checkpoint and becomes an MLflow artifact.
 """
@@ -22,10 +22,10 @@ import torch
 from ray import tune
 
 from pefusion import record as R
-from pefusion.config import ConfigError
-from pefusion.student import StudentConfig
-from pefusion.student_cv import run_cv_point, run_phase_point
-from pefusion.tuning import SweepOptions, result_rows, run_tune
+from pefusion.errors import ConfigError
+from pefusion.student.model import StudentConfig
+from pefusion.student.cv import run_cv_point, run_phase_point
+from pefusion.sweep.driver import SweepOptions, result_rows, run_tune
 
 # Keys of a λ-CV search space that are not StudentConfig fields: the λ grid and the number of folds.
 CV_KEYS = ("lam_grid_min", "lam_grid_max", "lam_grid_n", "folds")
@@ -151,9 +151,9 @@ SWEEPS = {
 
 def student_main(sweep: str, argv: Sequence[str] | None = None) -> int:
     """The whole command line of a student sweep: parse, validate, run on Ray, write the CSV, print a summary."""
-    from pefusion.cli import add_preset_flag, add_sweep_flags, csv_list, search_space_path, sweep_options
-    from pefusion.search_space import STUDENT_RULES, grid_size, load_search_space, to_tune
-    from pefusion.tracking import STUDENT_EXPERIMENT
+    from pefusion.cli.flags import add_preset_flag, add_sweep_flags, csv_list, search_space_path, sweep_options
+    from pefusion.sweep.space import STUDENT_RULES, grid_size, load_search_space, to_tune
+    from pefusion.sweep.tracking import STUDENT_EXPERIMENT
 
     trainable, space_file, description = SWEEPS[sweep]
     parser = argparse.ArgumentParser(prog=f"sweeps/{sweep}.py", description=description)
@@ -178,7 +178,7 @@ def student_main(sweep: str, argv: Sequence[str] | None = None) -> int:
         if values:
             space = space.override_values(key, values)
     if args.smoke:  # the smoke budget wins over the space file's CV settings too
-        from pefusion.search_space import Constant
+        from pefusion.sweep.space import Constant
 
         for key in CV_KEYS:
             if key in space:
@@ -203,7 +203,7 @@ def student_main(sweep: str, argv: Sequence[str] | None = None) -> int:
 
 
 def _grid_points(space) -> list[dict[str, Any]]:
-    from pefusion.search_space import Choice, Constant, Grid
+    from pefusion.sweep.space import Choice, Constant, Grid
 
     axes = [[(k, v) for v in d.values] if isinstance(d, (Grid, Choice)) else [(k, d.value)]
             for k, d in space.items() if isinstance(d, (Grid, Choice, Constant))]

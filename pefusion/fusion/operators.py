@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pefusion.config import ModelConfig
+from pefusion.fusion.config import ModelConfig
 
 
 def _stack(E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The papers' figures, drawn from the analysis tables (pefusion.analysis) and saved as PNG (dpi 150) and PDF.
+"""The papers' figures, drawn from the analysis tables (pefusion.analysis.tables) and saved as PNG (dpi 150) and PDF.
 
 Every figure is a `matplotlib.figure.Figure` on an explicit Agg canvas: no pyplot state, no display needed, and
 importing this module never changes the backend of a notebook that imports it.
@@ -20,7 +20,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from pefusion import analysis as A
+from pefusion.analysis import tables as A
 from pefusion import record as R
 
 DPI = 150

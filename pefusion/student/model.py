@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from pefusion import record as R
-from pefusion.config import ConfigError, check_choice, check_positive
+from pefusion.errors import ConfigError, check_choice, check_positive
 
 # ---------------------------------------------------------------------------------------------------------
 # Published facts (σ = 0.5, λ = 0.01): ω -> α

@@ -30,7 +30,8 @@ from typing import Any, Iterator, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from pefusion.config import ConfigError, DataConfig
+from pefusion.errors import ConfigError
+from pefusion.data.config import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +340,7 @@ def _read_local(cfg: DataConfig, files: dict[str, list[Path]]) -> dict[str, RawS
 
 
 def _read_synthetic(cfg: DataConfig) -> dict[str, RawSplit]:
-    from pefusion.synthetic_corpus import generate_synthetic_corpus
+    from pefusion.data.synthetic import generate_synthetic_corpus
 
     corpus = generate_synthetic_corpus(cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_test,
                                        seed=cfg.synthetic_seed)
@@ -492,7 +493,7 @@ def cache_root(cfg: DataConfig) -> Path:
 def source_identity(cfg: DataConfig) -> dict[str, Any]:
     """What the cached ids depend on besides the tokeniser: which documents, from where, in which columns."""
     if cfg.synthetic:
-        from pefusion import synthetic_corpus
+        from pefusion.data import synthetic as synthetic_corpus
 
         return {"kind": "synthetic", "generator": synthetic_corpus.GENERATOR_VERSION,
                 "settings": synthetic_corpus.default_settings(),

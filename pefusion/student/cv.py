@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from pefusion import record as R
-from pefusion.config import ConfigError
-from pefusion.student import (REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, StudentConfig,
-                              attention_errors, config_record, fit_linear, fit_students, initial_q, point_data,
-                              point_metrics, rng)
+from pefusion.errors import ConfigError
+from pefusion.student.model import (REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, StudentConfig,
+                                    attention_errors, config_record, fit_linear, fit_students, initial_q, point_data,
+                                    point_metrics, rng)
 
 DEFAULT_FOLDS = 5
 DEFAULT_LAM_GRID: tuple[float, ...] = tuple(float(x) for x in np.logspace(-4, 0, 5))  # 1e-4 … 1, one per decade

@@ -1,6 +1,6 @@
 """MLflow tracking for sweeps: one experiment per study, one parent run per sweep, one child run per trial.
 
-Only the sweep driver talks to MLflow (the Tune callback in `pefusion.tuning` forwards trial events here), so a
+Only the sweep driver talks to MLflow (the Tune callback in `pefusion.sweep.driver` forwards trial events here), so a
 sqlite store never sees concurrent writers and trials on cluster nodes need no route to the tracking server.
 Every lookup is by tag, never by in-memory state, so a driver restarted with `--resume` finds the runs it made
 before and never duplicates a child run.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from pefusion import record as R
-from pefusion.config import ConfigError
+from pefusion.errors import ConfigError
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 PEFUSION_EXPERIMENT = "pe-fusion"

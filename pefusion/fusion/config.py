@@ -14,7 +14,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
+
+from pefusion.data.config import DataConfig
+from pefusion.errors import ConfigError, check_choice, check_positive
 
 # ---------------------------------------------------------------------------------------------------------
 # Names
@@ -33,24 +36,6 @@ ACTIVATIONS = ("relu", "gelu")
 OPTIMIZERS = ("adam", "adamw")
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
-
-
-class ConfigError(ValueError):
-    """A user-caused configuration problem. Its message is one line that names the key and the fix."""
-
-
-def check_choice(key: str, value: Any, allowed: Iterable) -> None:
-    """A ConfigError naming the allowed values unless `value` is one of them."""
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
-
-
-def check_positive(key: str, value: float, *, allow_zero: bool = False) -> None:
-    """A ConfigError unless `value` is finite and > 0 (>= 0 with allow_zero)."""
-    ok = value >= 0 if allow_zero else value > 0
-    if not ok or (isinstance(value, float) and not math.isfinite(value)):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{key}={value!r} is out of range; it must be {bound}")
 
 
 def check_pe_fusion(pe_type: str, fusion: str) -> None:
@@ -99,7 +84,7 @@ class ModelConfig:
     dim_ff: int = 256
     dropout: float = 0.1
     # Dropout on the attention probabilities; None = `dropout` (the paper). On a CPU any value > 0 costs an extra
-    # (B, H, T, T) mask per layer (pefusion.encoder's chunked kernel), about 1.4x the step time at T = 512.
+    # (B, H, T, T) mask per layer (pefusion.fusion.model's chunked kernel), about 1.4x the step time at T = 512.
     attn_dropout: float | None = None
     pe_type: str = "sinusoidal"
     fusion: str = "add"
@@ -165,53 +150,6 @@ class TrainConfig:
 # ---------------------------------------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------------------------------------
-
-DEFAULT_DATASET = "ccdv/arxiv-classification"
-DEFAULT_LENGTH_EDGES = (512, 1024, 2048, 4096)
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Where documents come from and how they become token ids.
-
-    Exactly one source is used, in this order: `synthetic=True`, else `data_dir` (local train/validation/test
-    files), else the Hugging Face dataset `dataset` (with `dataset_config`, e.g. ArXiv's `no_ref`).
-    """
-
-    dataset: str = DEFAULT_DATASET
-    dataset_config: str | None = "no_ref"
-    data_dir: str | None = None
-    synthetic: bool = False
-    text_column: str = "text"
-    label_column: str = "label"
-    max_len: int = 4096  # tokens kept per document (truncation); the cache key includes it
-    min_freq: int = 2
-    max_vocab: int = 50_000
-    length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES
-    cache_dir: str | None = None  # default: $PEFUSION_CACHE or ~/.cache/pefusion
-    # synthetic corpus size and seed (ignored for the other sources)
-    synthetic_train: int = 2000
-    synthetic_val: int = 500
-    synthetic_test: int = 500
-    synthetic_seed: int = 0
-
-    def __post_init__(self) -> None:
-        for key in ("max_len", "min_freq", "max_vocab", "synthetic_train", "synthetic_val", "synthetic_test"):
-            check_positive(key, getattr(self, key))
-        edges = tuple(int(e) for e in self.length_edges)
-        if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] <= 0:
-            raise ConfigError(f"length_edges={self.length_edges!r} must be positive and strictly increasing")
-        object.__setattr__(self, "length_edges", edges)
-
-    @property
-    def source_name(self) -> str:
-        """Short dataset name recorded with every trial (the `dataset` param)."""
-        if self.synthetic:
-            return "synthetic"
-        if self.data_dir:
-            return self.data_dir.rstrip("/").split("/")[-1] or self.data_dir
-        return self.dataset
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Presets and the flat view used by search spaces

@@ -30,8 +30,9 @@ import pandas as pd
 from scipy import stats
 
 from pefusion import record as R
-from pefusion.config import FUSIONS, PE_TYPES, TRIAL_KEYS, ConfigError
-from pefusion.tracking import check_tracking, resolve_tracking_uri
+from pefusion.fusion.config import FUSIONS, PE_TYPES, TRIAL_KEYS
+from pefusion.errors import ConfigError
+from pefusion.sweep.tracking import check_tracking, resolve_tracking_uri
 
 DEMO_HINT = ("run python sweeps/arxiv_grid.py --preset demo first "
              "(or python sweeps/lambda_cv.py --preset demo for the student study)")
@@ -246,7 +247,7 @@ def load_trial_runs(tracking_uri: str | None, experiment: str, parent_run: str |
 def published_alpha_curves() -> tuple[dict[float, float] | None, dict[float, float] | None]:
     """The student paper's α_c(ω) and α_l(ω) tables from pefusion.student, or (None, None) if not available."""
     try:
-        from pefusion.student import ALPHA_C_PUBLISHED, ALPHA_L_PUBLISHED
+        from pefusion.student.model import ALPHA_C_PUBLISHED, ALPHA_L_PUBLISHED
     except ImportError:
         return None, None
     return dict(ALPHA_C_PUBLISHED), dict(ALPHA_L_PUBLISHED)

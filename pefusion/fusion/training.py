@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from pefusion import record as R
-from pefusion.config import ModelConfig, TrainConfig, flat_config
-from pefusion.encoder import build_model_from_config
-from pefusion.text_data import EncodedCorpus, EncodedSplit, iter_batches, length_bucket_of
+from pefusion.fusion.config import ModelConfig, TrainConfig, flat_config
+from pefusion.fusion.model import build_model_from_config
+from pefusion.data.corpus import EncodedCorpus, EncodedSplit, iter_batches, length_bucket_of
 
 
 class Diverged(RuntimeError):

@@ -21,12 +21,13 @@ import torch
 from ray import tune
 
 from pefusion import record as R
-from pefusion.config import ConfigError, ModelConfig, Preset, flat_config, split_trial_config
-from pefusion.encoder import build_model_from_config
-from pefusion.search_space import Choice, Constant, Grid, RandInt, SearchSpace
-from pefusion.text_data import EncodedCorpus
-from pefusion.training import Diverged, Trainer
-from pefusion.tuning import SweepOptions, result_rows, run_tune
+from pefusion.errors import ConfigError
+from pefusion.fusion.config import ModelConfig, Preset, flat_config, split_trial_config
+from pefusion.fusion.model import build_model_from_config
+from pefusion.sweep.space import Choice, Constant, Grid, RandInt, SearchSpace
+from pefusion.data.corpus import EncodedCorpus
+from pefusion.fusion.training import Diverged, Trainer
+from pefusion.sweep.driver import SweepOptions, result_rows, run_tune
 
 TRAINER_STATE = "trainer.pt"
 FINAL_RECORD = "record.json"
@@ -146,7 +147,7 @@ def validate_trial_configs(space: SearchSpace, base: Preset) -> int:
 
 def _as_trial_frame(rows: pd.DataFrame) -> pd.DataFrame:
     """The sweep's rows in the shape `pefusion.analysis` reads from MLflow (one implementation of the tables)."""
-    from pefusion.analysis import RUN_ID, START_TIME
+    from pefusion.analysis.tables import RUN_ID, START_TIME
 
     return rows.assign(**{RUN_ID: rows["trial_id"].astype(str),
                           START_TIME: rows["started_at"] if "started_at" in rows else 0.0})
@@ -154,7 +155,7 @@ def _as_trial_frame(rows: pd.DataFrame) -> pd.DataFrame:
 
 def aggregate_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """Table 1 of the sweep (accuracies in %), or for a search the trials best first."""
-    from pefusion.analysis import search_table, table1
+    from pefusion.analysis.tables import search_table, table1
 
     frame = _as_trial_frame(rows)
     if (frame[R.STATUS] == R.STATUS_OK).any() and frame[[R.PE_TYPE, R.FUSION]].drop_duplicates().shape[0] > 1:
@@ -175,7 +176,7 @@ def write_results(rows: pd.DataFrame, name: str, out_dir: str | Path) -> list[Pa
 
 def summary_table(rows: pd.DataFrame) -> str:
     """Table 1 as text, then every failed trial with its reason."""
-    from pefusion.analysis import table1, table1_display
+    from pefusion.analysis.tables import table1, table1_display
 
     frame = _as_trial_frame(rows)
     n_failed = int((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum())

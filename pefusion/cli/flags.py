@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pefusion.config import PRESETS, ConfigError, DataConfig, Preset
+from pefusion.fusion.config import PRESETS, Preset
+from pefusion.errors import ConfigError
+from pefusion.data.config import DataConfig
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SEARCH_SPACES = REPO_ROOT / "search_spaces"
 
 
@@ -124,7 +126,7 @@ def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | No
     `argv` (default: sys.argv[1:]) is recorded on the MLflow parent run as the command that made the sweep.
     """
     from pefusion import record as R
-    from pefusion.tuning import SweepOptions
+    from pefusion.sweep.driver import SweepOptions
 
     command = shlex.join(["python", f"sweeps/{sweep}.py", *(sys.argv[1:] if argv is None else argv)])
 

@@ -25,9 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from pefusion.config import ConfigError, ModelConfig
-from pefusion.fusion import build_fusion
-from pefusion.positional import ALiBi, Rotary, build_positional
+from pefusion.errors import ConfigError
+from pefusion.fusion.config import ModelConfig
+from pefusion.fusion.operators import build_fusion
+from pefusion.fusion.positional import ALiBi, Rotary, build_positional
 
 
 # ---------------------------------------------------------------------------------------------------------

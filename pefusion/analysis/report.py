@@ -2,7 +2,7 @@
 self-contained HTML page per sweep, logged back to the sweep's MLflow parent run.
 
 Everything is written under an output folder (default `results/`), figures under `<out>/figures/`. Accuracies
-in every CSV are in percent and accuracy deltas in percentage points (see pefusion.analysis).
+in every CSV are in percent and accuracy deltas in percentage points (see pefusion.analysis.tables).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from pefusion import analysis as A
-from pefusion import figures as F
+from pefusion.analysis import tables as A
+from pefusion.analysis import figures as F
 from pefusion import record as R
 
 Curve = Mapping[float, float]
@@ -38,7 +38,7 @@ def add_source_flags(parser: argparse.ArgumentParser, experiment: str,
 
 def load_sweep_from_args(args: argparse.Namespace, latest_sweep: bool = False):
     """The runs the source flags name, with the notes a reader must know printed to stderr."""
-    from pefusion.analysis import load_sweep, notes
+    from pefusion.analysis.tables import load_sweep, notes
 
     sweep = load_sweep(args.tracking_uri, args.experiment, args.parent_run, latest_sweep=latest_sweep)
     for note in notes(sweep):

@@ -1,0 +1,52 @@
+"""`DataConfig`: where documents come from and how they become token ids (shipped once per sweep)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pefusion.errors import ConfigError, check_positive
+
+DEFAULT_DATASET = "ccdv/arxiv-classification"
+DEFAULT_LENGTH_EDGES = (512, 1024, 2048, 4096)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where documents come from and how they become token ids.
+
+    Exactly one source is used, in this order: `synthetic=True`, else `data_dir` (local train/validation/test
+    files), else the Hugging Face dataset `dataset` (with `dataset_config`, e.g. ArXiv's `no_ref`).
+    """
+
+    dataset: str = DEFAULT_DATASET
+    dataset_config: str | None = "no_ref"
+    data_dir: str | None = None
+    synthetic: bool = False
+    text_column: str = "text"
+    label_column: str = "label"
+    max_len: int = 4096  # tokens kept per document (truncation); the cache key includes it
+    min_freq: int = 2
+    max_vocab: int = 50_000
+    length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES
+    cache_dir: str | None = None  # default: $PEFUSION_CACHE or ~/.cache/pefusion
+    # synthetic corpus size and seed (ignored for the other sources)
+    synthetic_train: int = 2000
+    synthetic_val: int = 500
+    synthetic_test: int = 500
+    synthetic_seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("max_len", "min_freq", "max_vocab", "synthetic_train", "synthetic_val", "synthetic_test"):
+            check_positive(key, getattr(self, key))
+        edges = tuple(int(e) for e in self.length_edges)
+        if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] <= 0:
+            raise ConfigError(f"length_edges={self.length_edges!r} must be positive and strictly increasing")
+        object.__setattr__(self, "length_edges", edges)
+
+    @property
+    def source_name(self) -> str:
+        """Short dataset name recorded with every trial (the `dataset` param)."""
+        if self.synthetic:
+            return "synthetic"
+        if self.data_dir:
+            return self.data_dir.rstrip("/").split("/")[-1] or self.data_dir
+        return self.dataset

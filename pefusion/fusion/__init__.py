@@ -1,0 +1,2 @@
+"""Study A, positional-encoding fusion (Hallam & Tseng): the configs, presets and rules; the positional schemes;
+the fusion operators; the classifier and its CPU attention kernel; the training loop; the Ray Tune trainable."""
