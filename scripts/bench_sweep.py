@@ -11,7 +11,6 @@ reporting, checkpointing and MLflow logging add to each trial.
 from __future__ import annotations
 
 import argparse
-import itertools
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +22,8 @@ import torch
 from pefusion import record as R
 from pefusion.cli.flags import add_preset_flag, csv_list, print_result, run_main
 from pefusion.fusion.config import PRESETS, split_trial_config
-from pefusion.sweep.space import PEFUSION_RULES, load_search_space
+from pefusion.fusion.config import RULES as PEFUSION_RULES
+from pefusion.sweep.space import load_search_space
 from pefusion.data.corpus import load_corpus
 from pefusion.fusion.training import train_and_evaluate
 
@@ -41,9 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     space = load_search_space(SPACE, PEFUSION_RULES)
-    axes = {R.PE_TYPE: args.pe_types or list(space[R.PE_TYPE].values),
-            R.FUSION: args.fusions or list(space[R.FUSION].values), R.SEED: args.seeds or list(space[R.SEED].values)}
-    configs = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+    for key, values in ((R.PE_TYPE, args.pe_types), (R.FUSION, args.fusions), (R.SEED, args.seeds)):
+        if values:
+            space = space.override_values(key, values)
+    configs = space.points()
     preset = PRESETS[args.preset]
     corpus = load_corpus(preset.data)
 
@@ -54,10 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         train_and_evaluate(model_cfg, train_cfg, corpus, length_edges=preset.data.length_edges)
     sequential_s = time.perf_counter() - start
 
-    from ray import tune
-
-    from pefusion.fusion.trainable import run_pefusion_sweep
-    from pefusion.sweep.driver import SweepOptions, start_ray
+    from pefusion.cli.fusion import pefusion_study
+    from pefusion.sweep.driver import run_sweep
+    from pefusion.sweep.tuner import SweepOptions, start_ray
 
     with tempfile.TemporaryDirectory() as tmp:
         opts = SweepOptions(sweep="bench", experiment="bench", storage_path=f"{tmp}/ray", cpus_per_trial=1.0,
@@ -67,8 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_ray(opts)
         cluster_s = time.perf_counter() - start
         start = time.perf_counter()
-        rows, _, _ = run_pefusion_sweep(corpus, preset, args.preset, {k: tune.grid_search(v) for k, v in axes.items()},
-                                        opts)
+        study = pefusion_study("bench", args.preset, preset, space, 1.0, corpus=corpus)
+        rows = run_sweep(study, opts, f"{tmp}/results").rows
         ray_s = time.perf_counter() - start
     inside_s = float((rows["ended_at"] - rows["started_at"]).sum())
     result = {

@@ -41,7 +41,7 @@ def cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smoke_preset(cache_dir):
     """The arxiv preset shrunk to seconds per trial, on the synthetic corpus (what `--smoke --synthetic` gives)."""
-    from pefusion.cli.flags import smoke_budget
+    from pefusion.fusion.config import smoke_budget
     from pefusion.fusion.config import PRESETS
 
     base = PRESETS["arxiv"]

@@ -6,9 +6,10 @@ import pytest
 from ray.tune.search import sample
 
 from pefusion.errors import ConfigError
-from pefusion.sweep.space import (PEFUSION_RULES, STUDENT_RULES, Choice, Constant, Grid, LogUniform, RandInt,
-                                  SearchSpaceError, Uniform, check_pe_fusion_pairs, grid_size, has_grid,
-                                  load_search_space, parse_search_space, pe_fusion_pairs, require_no_grid, to_tune)
+from pefusion.fusion.config import RULES as PEFUSION_RULES, check_pe_fusion_pairs, pe_fusion_pairs
+from pefusion.student.trainable import RULES as STUDENT_RULES
+from pefusion.sweep.space import (Choice, Constant, Grid, LogUniform, RandInt, SearchSpaceError, Uniform, grid_size,
+                                  has_grid, load_search_space, parse_search_space, require_no_grid, to_tune)
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 RULES_OF = {"arxiv_grid": PEFUSION_RULES, "lr_batch": PEFUSION_RULES, "lambda_cv": STUDENT_RULES,

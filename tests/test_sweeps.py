@@ -16,7 +16,7 @@ from pefusion.sweep.tracking import resolve_tracking_uri
 
 
 def _options(tmp: Path, **kw):
-    from pefusion.sweep.driver import SweepOptions
+    from pefusion.sweep.tuner import SweepOptions
 
     kw.setdefault("cpus_per_trial", 1.0)
     return SweepOptions(sweep="arxiv_grid", experiment="pe-fusion", storage_path=str(tmp / "ray_results"),
@@ -24,9 +24,21 @@ def _options(tmp: Path, **kw):
 
 
 def _grid(**axes):
-    from ray import tune
+    from pefusion.fusion.config import RULES
+    from pefusion.sweep.space import parse_search_space
 
-    return {k: tune.grid_search(v) for k, v in axes.items()}
+    return parse_search_space({k: {"grid": v} for k, v in axes.items()}, RULES)
+
+
+def _sweep(corpus, preset, space, opts, trainable=None):
+    """Study A's sweep of `space` on `corpus` through the one driver; returns its SweepResult."""
+    from pefusion.cli.fusion import pefusion_study
+    from pefusion.fusion.trainable import pefusion_trainable
+    from pefusion.sweep.driver import run_sweep
+
+    study = pefusion_study("arxiv_grid", "smoke", preset, space, opts.cpus_per_trial, corpus=corpus,
+                           trainable=trainable or pefusion_trainable)
+    return run_sweep(study, opts, Path(opts.storage_path).parent / "results")
 
 
 def _children(parent_run_id: str):
@@ -39,7 +51,7 @@ def _children(parent_run_id: str):
 
 def test_fractional_gpus_run_four_trials_at_once(local_ray, in_tmp, smoke_preset, smoke_corpus):
     """0.25 GPU per trial on one logical GPU: four trials run together, each sees one device."""
-    from pefusion.fusion.trainable import pefusion_trainable, run_pefusion_sweep
+    from pefusion.fusion.trainable import pefusion_trainable
 
     barrier = str(in_tmp / "barrier")
 
@@ -58,9 +70,8 @@ def test_fractional_gpus_run_four_trials_at_once(local_ray, in_tmp, smoke_preset
             _time.sleep(0.1)
         return pefusion_trainable(config, **kwargs)
 
-    rows, _, _ = run_pefusion_sweep(smoke_corpus, smoke_preset, "smoke", _grid(seed=[0, 1, 2, 3]),
-                                    _options(in_tmp, cpus_per_trial=0.5, gpus_per_trial=0.25),
-                                    trainable=trainable_with_barrier)
+    rows = _sweep(smoke_corpus, smoke_preset, _grid(seed=[0, 1, 2, 3]),
+                  _options(in_tmp, cpus_per_trial=0.5, gpus_per_trial=0.25), trainable=trainable_with_barrier).rows
     assert list(rows[R.STATUS]) == [R.STATUS_OK] * 4
     assert set(rows["visible_devices"]) == {"0"}  # Ray assigned the one (logical) GPU to each trial
     starts, ends = rows["started_at"], rows["ended_at"]
@@ -69,7 +80,8 @@ def test_fractional_gpus_run_four_trials_at_once(local_ray, in_tmp, smoke_preset
 
 def test_failures_are_recorded_never_dropped(local_ray, in_tmp, smoke_preset, smoke_corpus):
     """A trial that raises and one that diverges leave the sweep complete and are recorded with their reason."""
-    from pefusion.fusion.trainable import aggregate_rows, pefusion_trainable, run_pefusion_sweep, summary_table
+    from pefusion.cli.fusion import aggregate_rows, summary_table
+    from pefusion.fusion.trainable import pefusion_trainable
 
     def faulty(config, **kwargs):
         if config["fusion"] == "concat" and config["seed"] == 1:
@@ -78,9 +90,9 @@ def test_failures_are_recorded_never_dropped(local_ray, in_tmp, smoke_preset, sm
             config = {**config, "lr": 1e30}  # Adam steps of 1e30 overflow the attention logits at step 2
         return pefusion_trainable(config, **kwargs)
 
-    rows, recorder, _ = run_pefusion_sweep(smoke_corpus, smoke_preset, "smoke",
-                                           _grid(fusion=["add", "concat"], seed=[0, 1]), _options(in_tmp),
-                                           trainable=faulty)
+    result = _sweep(smoke_corpus, smoke_preset, _grid(fusion=["add", "concat"], seed=[0, 1]), _options(in_tmp),
+                    trainable=faulty)
+    rows = result.rows
     by = {(r.fusion, r.seed): r for r in rows.itertuples()}
     assert len(rows) == 4
     assert by[("concat", 1)].status == R.STATUS_ERROR and "injected failure" in by[("concat", 1)].error
@@ -92,7 +104,7 @@ def test_failures_are_recorded_never_dropped(local_ray, in_tmp, smoke_preset, sm
     assert agg.loc["add", "n_seeds"] == 1  # the failed seed is excluded from the mean, and counted
     assert "2 failed" in summary_table(rows) and "injected failure" in summary_table(rows)
 
-    client, runs = _children(recorder.parent_run_id)
+    client, runs = _children(result.parent_run_id)
     assert len(runs) == 4
     failed = {r.data.tags[R.TAG_STATUS]: r for r in runs if r.info.status == "FAILED"}
     assert set(failed) == {R.STATUS_ERROR, R.STATUS_DIVERGED}
@@ -105,13 +117,13 @@ def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, 
     loads with weights_only=True and reproduces the recorded test accuracy."""
     import mlflow
 
-    from pefusion.fusion.trainable import load_checkpoint, run_pefusion_sweep
+    from pefusion.fusion.trainable import load_checkpoint
     from pefusion.data.corpus import iter_batches
 
-    rows, recorder, _ = run_pefusion_sweep(smoke_corpus, smoke_preset, "smoke",
-                                           _grid(pe_type=["learned"], fusion=["gate_cnn"], seed=[3]),
-                                           _options(in_tmp))
-    client, runs = _children(recorder.parent_run_id)
+    result = _sweep(smoke_corpus, smoke_preset, _grid(pe_type=["learned"], fusion=["gate_cnn"], seed=[3]),
+                    _options(in_tmp))
+    rows = result.rows
+    client, runs = _children(result.parent_run_id)
     (run,) = runs
     assert run.info.status == "FINISHED" and run.data.tags[R.TAG_STATUS] == R.STATUS_OK
     params = run.data.params
@@ -137,8 +149,9 @@ def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, 
         for batch in iter_batches(test, 64, shuffle=False):
             correct += int((model(batch.tokens).argmax(-1) == batch.labels).sum())
     assert correct / len(test) == pytest.approx(run.data.metrics[R.TEST_ACC])
-    parent_files = {a.path for a in client.list_artifacts(recorder.parent_run_id, R.ARTIFACT_RESULTS_DIR)}
-    assert parent_files == set()  # the CSVs are logged by the sweep script, tested below
+    parent_files = {a.path for a in client.list_artifacts(result.parent_run_id, R.ARTIFACT_RESULTS_DIR)}
+    # the one driver ends every sweep alike: its CSVs (the ones it wrote) are on the parent run
+    assert parent_files == {f"{R.ARTIFACT_RESULTS_DIR}/{p.name}" for p in result.paths}
 
 
 def test_arxiv_grid_script_end_to_end(local_ray, in_tmp, cache_dir, capsys):
@@ -185,7 +198,7 @@ def test_lambda_cv_sweep_records_points_curves_and_lambda_star(local_ray, in_tmp
     from mlflow.tracking import MlflowClient
 
     cv = load_script("sweeps/lambda_cv.py")
-    code = cv.student_main("lambda_cv", ["--smoke", "--alphas", "0.5,1.5", "--seeds", "0", "--name", "cv",
+    code = cv.main(["--smoke", "--alphas", "0.5,1.5", "--seeds", "0", "--name", "cv",
                                          "--no-dashboard"])
     assert code == 0
     rows = pd.read_csv(in_tmp / "results" / "cv_results.csv")
@@ -213,8 +226,8 @@ def test_phase_diagram_rejects_an_init_axis_and_bad_points(in_tmp):
     space = in_tmp / "space.yaml"
     space.write_text("alpha: {grid: [0.5]}\ninit: {grid: [semantic, positional]}\n")
     with pytest.raises(ConfigError, match="fits both initialisations"):
-        cv.student_main("phase_diagram", ["--smoke", "--search-space", str(space)])
+        cv.main(["--smoke", "--search-space", str(space)])
     with pytest.raises(ConfigError, match="alpha"):
-        cv.student_main("phase_diagram", ["--smoke", "--alphas", "0"])
+        cv.main(["--smoke", "--alphas", "0"])
     with pytest.raises(ConfigError, match="omega"):
-        cv.student_main("phase_diagram", ["--smoke", "--omegas", "1.5"])
+        cv.main(["--smoke", "--omegas", "1.5"])

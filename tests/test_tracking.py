@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from pefusion import record as R
 from pefusion.sweep.tracking import SweepRecorder
-from pefusion.sweep.driver import MlflowTrialCallback
+from pefusion.sweep.tuner import MlflowTrialCallback
 
 FINAL = {R.STATUS: R.STATUS_OK, R.TEST_ACC: 0.75, R.EPOCHS_RUN: 2}
 

@@ -1,4 +1,4 @@
-"""Command-line plumbing shared by `sweeps/` and `scripts/`: common flags, preset resolution, one-line errors.
+"""Command-line plumbing shared by `sweeps/` and `scripts/`: common flags, the sweep options, one-line errors.
 
 Every user-caused problem (bad flag value, bad search-space file, missing data, unreachable tracking server)
 surfaces as a `ConfigError` and ends here as one line on stderr with exit code 2, before Ray starts.
@@ -6,17 +6,14 @@ surfaces as a `ConfigError` and ends here as one line on stderr with exit code 2
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import shlex
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from pefusion.fusion.config import PRESETS, Preset
 from pefusion.errors import ConfigError
-from pefusion.data.config import DataConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SEARCH_SPACES = REPO_ROOT / "search_spaces"
@@ -70,7 +67,7 @@ def add_data_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-dir", help="token-id cache folder (default: $PEFUSION_CACHE or ~/.cache/pefusion)")
 
 
-def add_preset_flag(parser: argparse.ArgumentParser, default: str, presets=PRESETS) -> None:
+def add_preset_flag(parser: argparse.ArgumentParser, default: str, presets: Mapping[str, Any]) -> None:
     parser.add_argument("--preset", default=default, choices=sorted(presets),
                         help=f"defaults of everything not in the search space (default: {default}); "
                              + "; ".join(f"{k}: {v.description}" for k, v in sorted(presets.items())))
@@ -126,7 +123,7 @@ def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | No
     `argv` (default: sys.argv[1:]) is recorded on the MLflow parent run as the command that made the sweep.
     """
     from pefusion import record as R
-    from pefusion.sweep.driver import SweepOptions
+    from pefusion.sweep.tuner import SweepOptions
 
     command = shlex.join(["python", f"sweeps/{sweep}.py", *(sys.argv[1:] if argv is None else argv)])
 
@@ -137,49 +134,3 @@ def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | No
         tracking_uri=args.tracking_uri, dashboard=not args.no_dashboard, verbose=args.verbose,
         tags={R.TAG_SEARCH_SPACE: search_space_path(args), "pefusion.preset": getattr(args, "preset", ""),
               R.TAG_COMMAND: command})
-
-
-def resolve_preset(args: argparse.Namespace) -> Preset:
-    """The preset, shrunk by --smoke, then the command line's data, length and epoch flags (validated)."""
-    preset = PRESETS[args.preset]
-    data_over: dict = {}
-    if args.synthetic:
-        data_over["synthetic"] = True
-    if args.data_dir:
-        if not Path(args.data_dir).is_dir():
-            raise ConfigError(f"--data-dir {args.data_dir} is not a directory; it must hold train, validation and "
-                              f"test files (JSONL, CSV or Parquet)")
-        data_over.update(data_dir=args.data_dir, synthetic=False)
-    if args.dataset:
-        data_over.update(dataset=args.dataset, dataset_config=args.dataset_config, data_dir=None, synthetic=False)
-    elif args.dataset_config:
-        data_over["dataset_config"] = args.dataset_config
-    for key in ("text_column", "label_column", "cache_dir"):
-        if getattr(args, key):
-            data_over[key] = getattr(args, key)
-    preset = dataclasses.replace(preset, data=dataclasses.replace(preset.data, **data_over))
-    if args.smoke:
-        preset = smoke_budget(preset)
-    model, train, data = preset.model, preset.train, preset.data
-    if args.max_len:
-        data = dataclasses.replace(data, max_len=args.max_len)
-        model = dataclasses.replace(model, max_len=args.max_len)
-    if getattr(args, "epochs", None):
-        train = dataclasses.replace(train, max_epochs=args.epochs)
-    return dataclasses.replace(preset, model=model, train=train, data=data)
-
-
-def smoke_budget(preset: Preset) -> Preset:
-    """Shrink a preset to seconds per trial for `--smoke` and tests (lightning-hydra's debug config)."""
-    data: DataConfig = preset.data
-    if data.synthetic:
-        data = dataclasses.replace(data, synthetic_train=min(data.synthetic_train, 200),
-                                   synthetic_val=min(data.synthetic_val, 100),
-                                   synthetic_test=min(data.synthetic_test, 100))
-    data = dataclasses.replace(data, max_len=min(data.max_len, 128))
-    model = dataclasses.replace(preset.model, max_len=min(preset.model.max_len, 128),
-                                d_model=min(preset.model.d_model, 32), nhead=min(preset.model.nhead, 4),
-                                num_layers=1, dim_ff=min(preset.model.dim_ff, 64))
-    train = dataclasses.replace(preset.train, max_epochs=min(preset.train.max_epochs, 2), timing_repeats=1,
-                                timing_warmup=0)
-    return dataclasses.replace(preset, model=model, train=train, data=data)

@@ -12,12 +12,12 @@ fix (x-transformers style). Command lines turn a `ConfigError` into one line on 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from pefusion.data.config import DataConfig
-from pefusion.errors import ConfigError, check_choice, check_positive
+from pefusion import record
+from pefusion.errors import NONNEGATIVE, POSITIVE, ConfigError, KeyRule, Rules, check_choice
 
 # ---------------------------------------------------------------------------------------------------------
 # Names
@@ -95,21 +95,15 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_pe_fusion(self.pe_type, self.fusion)
-        for key in ("d_model", "nhead", "num_layers", "dim_ff", "max_len", "gate_kernel"):
-            check_positive(key, getattr(self, key))
+        RULES.check(dataclasses.asdict(self))
         if self.d_model % self.nhead:
             raise ConfigError(f"d_model={self.d_model} must be divisible by nhead={self.nhead}")
         if self.d_model % 2:
             raise ConfigError(f"d_model={self.d_model} must be even (sin/cos feature pairs)")
         if self.pe_type == "rotary" and (self.d_model // self.nhead) % 2:
             raise ConfigError(f"pe_type='rotary' needs an even head dimension; d_model/nhead = {self.d_model // self.nhead}")
-        for key in ("dropout", "attn_dropout"):
-            value = getattr(self, key)
-            if value is not None and not 0.0 <= value < 1.0:
-                raise ConfigError(f"{key}={value} is out of range; it must be in [0, 1)")
         if self.gate_kernel % 2 == 0:
             raise ConfigError(f"gate_kernel={self.gate_kernel} must be odd so that 'same' padding is symmetric")
-        check_choice("activation", self.activation, ACTIVATIONS)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -137,19 +131,8 @@ class TrainConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        check_positive("lr", self.lr)
-        for key in ("batch_size", "max_epochs", "patience", "timing_repeats"):
-            check_positive(key, getattr(self, key))
-        for key in ("weight_decay", "grad_clip", "min_delta", "timing_warmup", "seed"):
-            check_positive(key, getattr(self, key), allow_zero=True)
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        check_choice("precision", self.precision, PRECISIONS)
-        check_choice("device", self.device, DEVICES)
+        RULES.check(dataclasses.asdict(self))
 
-
-# ---------------------------------------------------------------------------------------------------------
-# Data
-# ---------------------------------------------------------------------------------------------------------
 
 # ---------------------------------------------------------------------------------------------------------
 # Presets and the flat view used by search spaces
@@ -170,6 +153,38 @@ def field_names(cls: type) -> tuple[str, ...]:
 
 # Keys a search space or a trial config may set, i.e. the model and training hyperparameters.
 TRIAL_KEYS = field_names(ModelConfig) + field_names(TrainConfig)
+
+
+# What each trial key accepts: ONE table, read by the configs' __post_init__ and by search-space files.
+# Types come from the field defaults; numbers are positive unless listed in _RANGES.
+_CHOICES = {record.PE_TYPE: PE_TYPES, record.FUSION: FUSIONS, "activation": ACTIVATIONS, "optimizer": OPTIMIZERS,
+            "precision": PRECISIONS, "device": DEVICES}
+_RANGES = {"dropout": dict(lo=0, hi=1, hi_open=True), "attn_dropout": dict(lo=0, hi=1, hi_open=True),
+           "weight_decay": NONNEGATIVE, "grad_clip": NONNEGATIVE, "min_delta": NONNEGATIVE,
+           "timing_warmup": NONNEGATIVE, record.SEED: NONNEGATIVE}
+
+
+def _rule(name: str, default: Any) -> KeyRule:
+    kind = float if default is None else type(default)  # optional floats (attn_dropout) default to None
+    if name in _CHOICES:
+        return KeyRule(kind, choices=_CHOICES[name])
+    if kind in (int, float):
+        return KeyRule(kind, **_RANGES.get(name, POSITIVE))
+    return KeyRule(kind)
+
+
+def _check_pe_fusion_point(point: Mapping[str, Any]) -> None:
+    """A point's (pe_type, fusion); a key the point lacks takes ModelConfig's default."""
+    pe, fusion = point.get(record.PE_TYPE, ModelConfig.pe_type), point.get(record.FUSION, ModelConfig.fusion)
+    try:
+        check_pe_fusion(pe, fusion)
+    except ConfigError as e:
+        raise ConfigError(f"pe_type x fusion: the pair ({pe}, {fusion}) is not allowed: {e}; keep incompatible "
+                          f"pairs in separate search spaces") from None
+
+
+RULES = Rules({f.name: _rule(f.name, f.default) for cls in (ModelConfig, TrainConfig) for f in fields(cls)},
+              check_point=_check_pe_fusion_point)
 
 
 def split_trial_config(flat: Mapping[str, Any], base: Preset) -> tuple[ModelConfig, TrainConfig]:
@@ -215,3 +230,34 @@ PRESETS: dict[str, Preset] = {
         data=DataConfig(synthetic=True, max_len=64, length_edges=(128, 512)),
     ),
 }
+
+
+def pe_fusion_pairs(space, base: ModelConfig | None = None) -> list[tuple[str, str]]:
+    """Every (pe_type, fusion) pair a search space (`pefusion.sweep.space.SearchSpace`) can produce, in order; a
+    key it does not set takes `base`'s value (default: ModelConfig(), which every preset shares)."""
+    base = base or ModelConfig()
+    pairs = [(p.get(record.PE_TYPE, base.pe_type), p.get(record.FUSION, base.fusion)) for p in space.points()]
+    return list(dict.fromkeys(pairs))
+
+
+def check_pe_fusion_pairs(space, base: ModelConfig | None = None) -> None:
+    """Reject a space that can produce a pair `check_pe_fusion` refuses (with `base` filling keys it lacks),
+    naming the file, the pair and the fix."""
+    base = base or ModelConfig()
+    space.check_points({record.PE_TYPE: base.pe_type, record.FUSION: base.fusion})
+
+
+def smoke_budget(preset: Preset) -> Preset:
+    """Shrink a preset to seconds per trial for `--smoke` and tests (lightning-hydra's debug config)."""
+    data = preset.data
+    if data.synthetic:
+        data = dataclasses.replace(data, synthetic_train=min(data.synthetic_train, 200),
+                                   synthetic_val=min(data.synthetic_val, 100),
+                                   synthetic_test=min(data.synthetic_test, 100))
+    data = dataclasses.replace(data, max_len=min(data.max_len, 128))
+    model = dataclasses.replace(preset.model, max_len=min(preset.model.max_len, 128),
+                                d_model=min(preset.model.d_model, 32), nhead=min(preset.model.nhead, 4),
+                                num_layers=1, dim_ff=min(preset.model.dim_ff, 64))
+    train = dataclasses.replace(preset.train, max_epochs=min(preset.train.max_epochs, 2), timing_repeats=1,
+                                timing_warmup=0)
+    return dataclasses.replace(preset, model=model, train=train, data=data)

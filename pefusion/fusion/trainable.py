@@ -1,4 +1,4 @@
-"""The PE-fusion study on Ray Tune: the trainable and the two sweeps (the PE × fusion × seed grid, the lr × batch ASHA).
+"""The PE-fusion study's Ray Tune trainable, the files of its checkpoints, and the check every trial config passes.
 
 The trainable follows Ray Tune's own examples: build (model from the trial config), restore
 (`tune.get_checkpoint()`), step (one epoch), report (`tune.report(metrics, checkpoint=...)`), and a final report
@@ -8,7 +8,6 @@ carrying the SPEC §3 record. The tokenised corpus arrives once per node through
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
 import tempfile
@@ -16,18 +15,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import pandas as pd
 import torch
 from ray import tune
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.fusion.config import ModelConfig, Preset, flat_config, split_trial_config
+from pefusion.fusion.config import ModelConfig, Preset, split_trial_config
 from pefusion.fusion.model import build_model_from_config
-from pefusion.sweep.space import Choice, Constant, Grid, RandInt, SearchSpace
 from pefusion.data.corpus import EncodedCorpus
 from pefusion.fusion.training import Diverged, Trainer
-from pefusion.sweep.driver import SweepOptions, result_rows, run_tune
 
 TRAINER_STATE = "trainer.pt"
 FINAL_RECORD = "record.json"
@@ -99,102 +95,9 @@ def trial_run_name(config: dict[str, Any]) -> str:
     return f"{config.get(R.PE_TYPE, '?')}-{config.get(R.FUSION, '?')}-s{config.get(R.SEED, '?')}"
 
 
-def run_pefusion_sweep(corpus: EncodedCorpus, base: Preset, preset_name: str, param_space: dict[str, Any],
-                       opts: SweepOptions, *, trainable: Callable = pefusion_trainable, **tune_kwargs: Any):
-    """Run the trials of `param_space` on `corpus`; returns (rows DataFrame, recorder, experiment path)."""
-    fn = tune.with_parameters(trainable, corpus=corpus, base=base, cpus=opts.cpus_per_trial,
-                              length_edges=base.data.length_edges)
-    results, recorder, exp_path, _ = run_tune(
-        fn, param_space, opts, preset=preset_name,
-        static_params={R.DATASET: corpus.name, **flat_config(base.model, base.train)},
-        run_name=trial_run_name, **tune_kwargs)
-    rows = pd.DataFrame(result_rows(results))
-    fixed = {R.PE_TYPE: base.model.pe_type, R.FUSION: base.model.fusion, R.SEED: base.train.seed,
-             R.DATASET: corpus.name}
-    for key, value in fixed.items():  # identity of trials whose axis the space did not vary (or that failed)
-        rows[key] = rows[key].fillna(value) if key in rows else value
-    sort_keys = [k for k in (R.PE_TYPE, R.FUSION, R.SEED, "lr", "batch_size") if k in rows.columns]
-    rows = rows.sort_values(sort_keys, kind="stable").reset_index(drop=True)
-    return rows, recorder, exp_path
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Before Ray: every trial config must build; after Ray: CSVs and a compact table
-# ---------------------------------------------------------------------------------------------------------
-
-
-def validate_trial_configs(space: SearchSpace, base: Preset) -> int:
-    """Build the ModelConfig/TrainConfig of every grid point (ranges at both ends), so that a bad combination
-    fails in one line before Ray starts. Returns the number of combinations checked."""
-    axes = []
-    for key, dim in space.items():
-        if isinstance(dim, (Grid, Choice)):
-            axes.append([(key, v) for v in dim.values])
-        elif isinstance(dim, Constant):
-            axes.append([(key, dim.value)])
-        else:  # Uniform / LogUniform / RandInt: both ends
-            hi = dim.hi - 1 if isinstance(dim, RandInt) else dim.hi
-            axes.append([(key, dim.lo), (key, hi)])
-    n = 0
-    for combo in itertools.product(*axes):
-        model_cfg, _ = split_trial_config(dict(combo), base)
-        if base.data.max_len > model_cfg.max_len:
-            raise ConfigError(f"max_len={model_cfg.max_len} is shorter than the data's {base.data.max_len} "
-                              f"tokens per document: raise max_len or pass --max-len {model_cfg.max_len}")
-        n += 1
-    return n
-
-
-def _as_trial_frame(rows: pd.DataFrame) -> pd.DataFrame:
-    """The sweep's rows in the shape `pefusion.analysis` reads from MLflow (one implementation of the tables)."""
-    from pefusion.analysis.tables import RUN_ID, START_TIME
-
-    return rows.assign(**{RUN_ID: rows["trial_id"].astype(str),
-                          START_TIME: rows["started_at"] if "started_at" in rows else 0.0})
-
-
-def aggregate_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """Table 1 of the sweep (accuracies in %), or for a search the trials best first."""
-    from pefusion.analysis.tables import search_table, table1
-
-    frame = _as_trial_frame(rows)
-    if (frame[R.STATUS] == R.STATUS_OK).any() and frame[[R.PE_TYPE, R.FUSION]].drop_duplicates().shape[0] > 1:
-        return table1(frame)
-    return search_table(frame)
-
-
-def write_results(rows: pd.DataFrame, name: str, out_dir: str | Path) -> list[Path]:
-    """`<name>_results_by_seed.csv` (every trial, failed ones with their error; raw fractions) and
-    `<name>_results_aggregated.csv` (Table 1 in %, or the search's trials best first)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    by_seed, agg = out / f"{name}_results_by_seed.csv", out / f"{name}_results_aggregated.csv"
-    rows.to_csv(by_seed, index=False)
-    aggregate_rows(rows).to_csv(agg, index=False)
-    return [by_seed, agg]
-
-
-def summary_table(rows: pd.DataFrame) -> str:
-    """Table 1 as text, then every failed trial with its reason."""
-    from pefusion.analysis.tables import table1, table1_display
-
-    frame = _as_trial_frame(rows)
-    n_failed = int((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum())
-    lines = []
-    if (frame[R.STATUS] == R.STATUS_OK).any():
-        lines.append(table1_display(table1(frame)).to_string(index=False))
-    lines.append(f"{len(rows)} trials, {len(rows) - n_failed} ok, {n_failed} failed")
-    for _, r in rows[~rows[R.STATUS].isin(R.SUCCESS_STATUSES)].iterrows():
-        lines.append(f"  failed: {trial_run_name(r.to_dict())} [{r[R.STATUS]}] {r.get(R.ERROR, '')}")
-    return "\n".join(lines)
-
-
-def budget_summary(rows: pd.DataFrame, max_t: int) -> dict[str, float]:
-    """Epochs actually trained against the epochs of the same samples run to max_t."""
-    trained = float(rows[R.EPOCHS_RUN].fillna(0).sum())
-    full = float(len(rows) * max_t)
-    return {"epochs_trained": trained, "epochs_full_budget": full, "budget_fraction": trained / full if full else 0.0,
-            "n_stopped": float((rows[R.STATUS] == R.STATUS_STOPPED).sum()),
-            "n_failed": float((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum()),
-            "best_val_acc": float(rows[R.VAL_ACC].max()) if R.VAL_ACC in rows and rows[R.VAL_ACC].notna().any()
-            else float("nan")}
+def check_trial_config(config: dict[str, Any], base: Preset) -> None:
+    """A ConfigError unless `config` over `base` builds a model and a training protocol for the base's data."""
+    model_cfg, _ = split_trial_config(config, base)
+    if base.data.max_len > model_cfg.max_len:
+        raise ConfigError(f"max_len={model_cfg.max_len} is shorter than the data's {base.data.max_len} "
+                          f"tokens per document: raise max_len or pass --max-len {model_cfg.max_len}")

@@ -1,249 +1,105 @@
-"""Ray Tune plumbing shared by every sweep: the cluster, the Tuner (new or restored), MLflow forwarding, results.
+"""The one sweep driver: validate, start or join Ray, run or restore the Tuner, write the results, finish the parent.
 
-A sweep script states *what* to search (a param space, a trainable, a scheduler); `run_tune` does the rest the
-same way for all of them. Current Ray API only: `ray.tune.report`, `ray.tune.get_checkpoint`, `tune.Tuner`,
-`tune.TuneConfig`, `tune.RunConfig`, `tune.with_resources`, `tune.with_parameters`.
+Every sweep of both studies runs through `run_sweep`, so what a sweep does at its end (and, later, on
+interruptions and failures) is decided here once. The engine knows neither study: a study's command line hands it
+a `StudySweep` (the trainable and what it is shipped, a per-point check, the search space, the params every child
+run records, how trials are named and identified) and the `SweepOptions` of the flags every sweep shares.
+
+A sweep ends the same way whatever the study: `<out>/<name>_<results_file>.csv` with one row per trial (failed
+ones with their error, never dropped), the tables the caller derives from those rows as `<name>_<key>.csv`, all
+logged to the sweep's MLflow parent run, which is then finished with the counts of trials and failures.
 """
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
-import ray
-from ray import tune
-from ray.tune.experiment import Trial
-from ray.tune.result import AUTO_RESULT_KEYS
+import pandas as pd
 
 from pefusion import record as R
-from pefusion.errors import ConfigError
-from pefusion.sweep.tracking import SweepRecorder, check_tracking, resolve_tracking_uri
+from pefusion.sweep.space import SearchSpace, to_tune
+from pefusion.sweep.tuner import SweepOptions, result_rows, run_tune
 
-# Persist Tune's experiment state at least every second, so a driver killed with SIGKILL loses (almost) no
-# finished trial; the state file is tiny next to an epoch of training.
-os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
-# Checkpointing every epoch with num_to_keep=1 forces those snapshots on purpose; don't warn about it.
-os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-# Keep Ray's own console table quiet; the sweeps print their own summary.
-os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
-DEFAULT_STORAGE = "ray_results"
-# Keys Ray adds to every result besides AUTO_RESULT_KEYS.
-RAY_EXTRA_KEYS = {"trial_id", "done", "should_checkpoint", "experiment_tag", "checkpoint_dir_name"}
+@dataclass(frozen=True)
+class StudySweep:
+    """What a study hands the engine for one sweep."""
+
+    sweep: str  # the command's name: arxiv_grid | lr_batch_asha | lambda_cv | phase_diagram
+    preset: str
+    space: SearchSpace
+    trainable: Callable[..., None]
+    # The trainable's keyword arguments, built after validation (loading a corpus can take minutes) and put in
+    # Ray's object store once for every trial (tune.with_parameters).
+    ship: Callable[[], Mapping[str, Any]]
+    check_point: Callable[[dict[str, Any]], None]  # a ConfigError for a trial config that cannot run
+    static_params: Mapping[str, Any]  # recorded on every child run beside its config
+    identity: Mapping[str, Any]  # values of the identity columns for trials whose config does not set them
+    sort_keys: Sequence[str]
+    run_name: Callable[[dict[str, Any]], str]
+    describe: Callable[[Mapping[str, Any]], str] = lambda shipped: ""  # printed before Ray starts
+    results_file: str = "results"
+    tables: Callable[[pd.DataFrame], Mapping[str, pd.DataFrame]] = lambda rows: {}
+    parent_metrics: Callable[[pd.DataFrame], Mapping[str, float]] = lambda rows: {}
+    # A search (ASHA, Optuna): metric and mode are set here once and reach both through TuneConfig.
+    metric: str | None = None
+    mode: str | None = None
+    scheduler: Any = None
+    search_alg: Any = None
+    num_samples: int = 1
 
 
 @dataclass
-class SweepOptions:
-    """The flags every sweep script shares (see `pefusion.cli.flags.add_sweep_flags`)."""
-
-    sweep: str  # arxiv_grid | lr_batch_asha | lambda_cv | phase_diagram
-    experiment: str
-    name: str | None = None
-    storage_path: str = DEFAULT_STORAGE
-    address: str | None = None  # None: a new local cluster; "auto": a running `ray start --head`
-    cpus_per_trial: float = 1.0
-    gpus_per_trial: float = 0.0
-    num_cpus: int | None = None  # CPUs a *local* cluster declares (default: all)
-    num_gpus: float | None = None  # GPUs a *local* cluster declares; logical ones schedule on a CPU machine
-    max_concurrent: int = 0  # 0: as many as resources allow
-    resume: bool = False
-    tracking_uri: str | None = None
-    dashboard: bool = True
-    verbose: int = 1
-    tags: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.cpus_per_trial <= 0:
-            raise ConfigError(f"--cpus-per-trial={self.cpus_per_trial} must be > 0")
-        if self.gpus_per_trial < 0 or (self.gpus_per_trial > 1 and self.gpus_per_trial != int(self.gpus_per_trial)):
-            raise ConfigError(f"--gpus-per-trial={self.gpus_per_trial} must be a fraction in [0, 1] or a whole number")
-        if self.max_concurrent < 0:
-            raise ConfigError(f"--max-concurrent={self.max_concurrent} must be >= 0")
+class SweepResult:
+    rows: pd.DataFrame  # one row per trial: config, identity, record, status, error
+    paths: list[Path] = field(default_factory=list)  # the CSVs written (and logged to the parent run)
+    experiment_path: str = ""  # Ray's experiment folder: what --resume continues
+    parent_run_id: str = ""
 
     @property
-    def is_remote_storage(self) -> bool:
-        return "://" in self.storage_path
-
-    def storage_root(self) -> str:
-        return self.storage_path if self.is_remote_storage else str(Path(self.storage_path).resolve())
-
-    def experiment_name(self, preset: str) -> str:
-        """--name, else on --resume the newest local experiment of this sweep and preset, else a fresh name."""
-        if self.name:
-            return self.name
-        prefix = f"{self.sweep}-{preset}-"
-        if self.resume:
-            if self.is_remote_storage:
-                raise ConfigError("--resume with remote storage needs --name (the experiment to resume)")
-            root = Path(self.storage_root())
-            found = sorted((p for p in root.glob(prefix + "*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
-            if not found:
-                raise ConfigError(f"--resume: no experiment {prefix}* in {root}; pass --name of the one to resume")
-            return found[-1].name
-        return prefix + time.strftime("%Y%m%d-%H%M%S")
+    def name(self) -> str:
+        return self.experiment_path.rstrip("/").split("/")[-1]
 
 
-def start_ray(opts: SweepOptions) -> str:
-    """Join `--address` or start a local cluster with the dashboard on 127.0.0.1; returns the dashboard URL."""
-    if ray.is_initialized():
-        return ""
-    kwargs: dict[str, Any] = {"log_to_driver": opts.verbose > 1, "configure_logging": True,
-                              "logging_level": "WARNING"}
-    if opts.address:
-        try:
-            ctx = ray.init(address=opts.address, **kwargs)
-        except (ConnectionError, RuntimeError) as exc:
-            raise ConfigError(f"cannot join the Ray cluster at --address {opts.address}: "
-                              f"{str(exc).splitlines()[0]} (start one with `ray start --head`)") from None
-    else:
-        ctx = ray.init(num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, include_dashboard=opts.dashboard,
-                       dashboard_host="127.0.0.1", **kwargs)
-    url = ctx.dashboard_url or ""
-    if url and not url.startswith("http"):
-        url = "http://" + url
-    return url
+def validate(study: StudySweep) -> int:
+    """Check every point the space can produce (grid values, choices, both ends of each range), before Ray
+    starts; returns how many were checked."""
+    points = study.space.points()
+    for point in points:
+        study.check_point(point)
+    return len(points)
 
 
-class MlflowTrialCallback(tune.Callback):
-    """Forwards Tune trial events to a `SweepRecorder` (runs in the driver; pickled with the experiment)."""
+def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "results") -> SweepResult:
+    """Run (or with `opts.resume` continue) one sweep and write its results; see the module docstring."""
+    validate(study)
+    shipped = study.ship()
+    line = study.describe(shipped)
+    if line:
+        print(line, flush=True)
+    from ray import tune
 
-    def __init__(self, recorder: SweepRecorder, static_params: Mapping[str, Any],
-                 run_name: Callable[[dict], str]) -> None:
-        self.recorder, self.static_params, self.run_name = recorder, dict(static_params), run_name
+    trainable = tune.with_parameters(study.trainable, **shipped)
+    results, recorder, exp_path, _ = run_tune(
+        trainable, to_tune(study.space), opts, preset=study.preset,
+        static_params=study.static_params, run_name=study.run_name, metric=study.metric, mode=study.mode,
+        scheduler=study.scheduler, search_alg=study.search_alg, num_samples=study.num_samples)
+    rows = pd.DataFrame(result_rows(results))
+    for key, value in study.identity.items():  # trials whose config does not vary the key (or that failed)
+        rows[key] = rows[key].fillna(value) if key in rows else value
+    keys = [k for k in study.sort_keys if k in rows.columns]
+    rows = rows.sort_values(keys, kind="stable").reset_index(drop=True)
 
-    def _run(self, trial) -> str:
-        return self.recorder.trial_run(trial.trial_id, {**self.static_params, **trial.config},
-                                       self.run_name(trial.config))
-
-    def on_trial_start(self, iteration, trials, trial, **info):
-        self._run(trial)
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        self._run(trial)
-        if R.STATUS not in result and R.EPOCH in result:
-            self.recorder.log_epoch(trial.trial_id, int(result[R.EPOCH]),
-                                    {k: result[k] for k in R.EPOCH_METRICS if k in result})
-
-    def _final(self, trial) -> dict[str, Any]:
-        return {k: v for k, v in record_only(trial.last_result or {}, trial.config).items()
-                if k not in ("started_at", "ended_at")}
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        self._run(trial)
-        result = self._final(trial)
-        if R.STATUS not in result:  # stopped by the scheduler before its final report
-            result.update({R.STATUS: R.STATUS_STOPPED, R.EPOCHS_RUN: (trial.last_result or {}).get(R.EPOCH, 0)})
-        checkpoint = trial.checkpoint if result[R.STATUS] == R.STATUS_OK else None
-        if checkpoint is not None:
-            with checkpoint.as_directory() as local_dir:
-                self.recorder.finish_trial(trial.trial_id, result, artifact_dir=local_dir)
-        else:
-            self.recorder.finish_trial(trial.trial_id, result)
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        self._run(trial)
-        self.recorder.finish_trial(trial.trial_id, {**self._final(trial), R.STATUS: R.STATUS_ERROR,
-                                                    R.ERROR: error_summary(_error_text(trial))})
-
-    def on_experiment_end(self, trials, **info):
-        # A trial Tune had already concluded when a previous driver was killed, before (or while) this callback
-        # wrote its end to MLflow, is never reported again on resume: finish its run from Tune's saved state.
-        unfinished = self.recorder.unfinished_trials()
-        for trial in trials:
-            if trial.trial_id not in unfinished:
-                continue
-            if trial.status == Trial.TERMINATED:
-                self.on_trial_complete(0, trials, trial)
-            elif trial.status == Trial.ERROR:
-                self.on_trial_error(0, trials, trial)
-
-
-def _error_text(trial) -> str:
-    """Tune writes the traceback to the trial's local error file before calling back (storage syncs later)."""
-    path = trial.error_file
-    if path and os.path.exists(path):
-        return Path(path).read_text()
-    return str(trial.get_error() or "")
-
-
-def error_summary(error: Any) -> str:
-    """The last meaningful line of a trial's traceback, e.g. 'RuntimeError: boom'."""
-    lines = [ln.strip() for ln in str(error or "unknown error").splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if not ln.startswith(("File ", "^", "~")):
-            return ln
-    return lines[-1] if lines else "unknown error"
-
-
-def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOptions, *, preset: str,
-             resources: Mapping[str, float] | None = None, static_params: Mapping[str, Any] | None = None,
-             run_name: Callable[[dict], str] = lambda cfg: "", metric: str | None = None, mode: str | None = None,
-             scheduler: Any = None, search_alg: Any = None, num_samples: int = 1,
-             recorder: SweepRecorder | None = None):
-    """Run (or resume) one sweep and return `(ResultGrid, SweepRecorder, experiment path, dashboard URL)`.
-
-    `metric`/`mode` are given here once and reach the scheduler and the search algorithm through TuneConfig.
-    Must be called after every user input has been validated: from here on, problems are Ray's.
-    """
-    uri = resolve_tracking_uri(opts.tracking_uri)
-    check_tracking(uri)
-    name = opts.experiment_name(preset)
-    exp_path = f"{opts.storage_root().rstrip('/')}/{name}"
-    if opts.resume and not opts.is_remote_storage and not Path(exp_path).is_dir():
-        raise ConfigError(f"--resume: no experiment at {exp_path}")
-    if not opts.resume and not opts.is_remote_storage and Path(exp_path).exists():
-        raise ConfigError(f"experiment {exp_path} exists: pass --resume to continue it, or another --name")
-    recorder = recorder or SweepRecorder(uri, opts.experiment, opts.sweep, exp_path)
-    dashboard = start_ray(opts)
-    recorder.tag_parent({R.TAG_RAY_ADDRESS: opts.address or "local", **opts.tags})
-    if dashboard and opts.verbose:
-        print(f"Ray dashboard: {dashboard}  (token: `ray get-auth-token`)", flush=True)
-    print(f"MLflow: {uri}  experiment '{opts.experiment}', parent run {recorder.parent_run_id}", flush=True)
-
-    res = dict(resources or {"cpu": opts.cpus_per_trial, "gpu": opts.gpus_per_trial})
-    wrapped = tune.with_resources(trainable, res)
-    if opts.resume:
-        tuner = tune.Tuner.restore(exp_path, wrapped, resume_unfinished=True, resume_errored=False,
-                                   param_space=dict(param_space))
-    else:
-        tuner = tune.Tuner(
-            wrapped, param_space=dict(param_space),
-            tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler, search_alg=search_alg,
-                                        num_samples=num_samples, max_concurrent_trials=opts.max_concurrent or None,
-                                        reuse_actors=True),  # a fresh process costs ~5 s of imports
-            run_config=tune.RunConfig(
-                name=name, storage_path=opts.storage_root(), verbose=0 if opts.verbose < 2 else 1,
-                callbacks=[MlflowTrialCallback(recorder, static_params or {}, run_name)],
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
-            ),
-        )
-    return tuner.fit(), recorder, exp_path, dashboard
-
-
-def result_rows(results) -> list[dict[str, Any]]:
-    """One flat row per trial: its config and final record; failed ones included with their reason (never
-    silently dropped); trials a scheduler stopped early with their best epoch."""
-    rows = []
-    for res in results:
-        config, metrics = dict(res.config or {}), dict(res.metrics or {})
-        row: dict[str, Any] = {"trial_id": metrics.get("trial_id", ""), **config}
-        if res.error is not None:
-            row.update({R.STATUS: R.STATUS_ERROR, R.ERROR: error_summary(res.error)})
-        elif R.STATUS in metrics:
-            row.update(record_only(metrics, config))
-        else:
-            history = res.metrics_dataframe  # stopped by the scheduler: its best epoch so far counts
-            best = history[R.VAL_ACC].max() if history is not None and R.VAL_ACC in history else None
-            row.update({R.STATUS: R.STATUS_STOPPED, R.ERROR: "", R.EPOCHS_RUN: metrics.get(R.EPOCH),
-                        R.VAL_ACC: metrics.get(R.VAL_ACC), R.BEST_VAL_ACC: best})
-        rows.append(row)
-    return rows
-
-
-def record_only(result: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """A reported result without Ray's bookkeeping or the config (those are params, not metrics)."""
-    skip = set(AUTO_RESULT_KEYS) | RAY_EXTRA_KEYS | set(config) | {R.EPOCH}
-    return {k: v for k, v in result.items() if k not in skip}
+    result = SweepResult(rows, experiment_path=exp_path, parent_run_id=recorder.parent_run_id)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tables = {study.results_file: rows, **study.tables(rows)}
+    for key, table in tables.items():
+        path = out / f"{result.name}_{key}.csv"
+        table.to_csv(path, index=False)
+        result.paths.append(path)
+    recorder.log_parent_artifacts(result.paths)
+    n_failed = int((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum()) if R.STATUS in rows else len(rows)
+    recorder.finish_sweep({"n_trials": len(rows), "n_failed": n_failed, **study.parent_metrics(rows)})
+    return result

@@ -8,7 +8,9 @@ A file maps each key to one dimension::
     gate_kernel: {randint: [3, 8]}             # low inclusive, high exclusive, like tune.randint
     dropout: 0.1                               # a plain value is a constant
 
-Each key is checked against a `KeyRule` (type, allowed names, numeric range). Every problem raises a
+Each key is checked against the study's `KeyRule` (type, allowed names, numeric range; `pefusion.errors`), and
+every point the space can produce against the study's `Rules.check_point`. The engine knows no study: the rules
+come with the call. Every problem raises a
 `SearchSpaceError` whose message is one line naming the file, the key and what is allowed; command lines turn
 it into exit code 2 like any `ConfigError`.
 """
@@ -17,16 +19,13 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 import yaml
 
-from pefusion import record
-from pefusion.fusion.config import (ACTIVATIONS, DEVICES, FUSIONS, OPTIMIZERS, PE_TYPES, PRECISIONS, ModelConfig,
-                                    TrainConfig, check_pe_fusion)
-from pefusion.errors import ConfigError
+from pefusion.errors import TYPE_NAMES, ConfigError, KeyRule
 
 
 class SearchSpaceError(ConfigError):
@@ -77,93 +76,10 @@ _KINDS = {"grid": Grid, "choice": Choice, "uniform": Uniform, "loguniform": LogU
 _KIND_NAMES = ", ".join(_KINDS) + " (or a plain value for a constant)"
 
 # ---------------------------------------------------------------------------------------------------------
-# Rules
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KeyRule:
-    """What one key accepts: a type (int, float, bool or str), optional allowed values and a numeric range."""
-
-    kind: type
-    choices: tuple = ()
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-    note: str = ""  # appended to the message of a rejected value, e.g. why only L=2 exists
-
-    def allowed(self) -> str:
-        if self.choices:
-            text = "choose from " + ", ".join(map(str, self.choices))
-        elif self.lo is not None and self.hi is not None:
-            text = f"allowed: {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
-        elif self.lo is not None:
-            text = f"allowed: {'>' if self.lo_open else '>='} {self.lo:g}"
-        else:
-            text = f"allowed: {_TYPE_NAMES[self.kind]}"
-        return f"{text} ({self.note})" if self.note else text
-
-    def in_range(self, x: float) -> bool:
-        lo_ok = self.lo is None or (x > self.lo if self.lo_open else x >= self.lo)
-        hi_ok = self.hi is None or (x < self.hi if self.hi_open else x <= self.hi)
-        return lo_ok and hi_ok
-
-
-_POSITIVE = dict(lo=0, lo_open=True)
-_NONNEG = dict(lo=0)
-_UNIT = dict(lo=0, hi=1)
-
-# The PE-fusion study: every ModelConfig/TrainConfig field, typed by its default. Ranges mirror config.py's
-# checks; int fields not listed must be positive (config.py's default), the others are named here.
-_PEFUSION_CHOICES = {record.PE_TYPE: PE_TYPES, record.FUSION: FUSIONS, "activation": ACTIVATIONS,
-                     "optimizer": OPTIMIZERS, "precision": PRECISIONS, "device": DEVICES}
-_PEFUSION_RANGES = {"lr": _POSITIVE, "dropout": dict(lo=0, hi=1, hi_open=True),
-                    "attn_dropout": dict(lo=0, hi=1, hi_open=True), "weight_decay": _NONNEG,
-                    "grad_clip": _NONNEG, "min_delta": _NONNEG, "timing_warmup": _NONNEG, record.SEED: _NONNEG}
-
-
-def _pefusion_rule(name: str, default: Any) -> KeyRule:
-    kind = float if default is None else type(default)  # optional floats (attn_dropout) default to None
-    if name in _PEFUSION_CHOICES:
-        return KeyRule(kind, choices=_PEFUSION_CHOICES[name])
-    if kind in (int, float):
-        return KeyRule(kind, **_PEFUSION_RANGES.get(name, _POSITIVE))
-    return KeyRule(kind)
-
-
-PEFUSION_RULES: dict[str, KeyRule] = {
-    f.name: _pefusion_rule(f.name, f.default) for cls in (ModelConfig, TrainConfig) for f in fields(cls)
-}
-
-# The student attention study (SPEC §4–5). Names are record.py's param names where one exists.
-STUDENT_RULES: dict[str, KeyRule] = {
-    record.ALPHA: KeyRule(float, **_POSITIVE),  # alpha = n/d
-    record.OMEGA: KeyRule(float, **_UNIT),  # weight of the positional part of the teacher
-    record.SIGMA: KeyRule(float, **_POSITIVE),  # token standard deviation
-    record.INIT: KeyRule(str, choices=("semantic", "positional", "random")),
-    record.SEED: KeyRule(int, **_NONNEG),  # data seed (teacher Q*, samples)
-    record.LAMBDA: KeyRule(float, **_NONNEG),  # a fixed weight decay (no cross-validation)
-    record.D: KeyRule(int, lo=2),
-    "L": KeyRule(int, choices=(2,), note="the model has two tokens: A is 2x2 and p = +-1/sqrt(d)"),
-    "r": KeyRule(int, lo=1),  # rank of Q
-    "teacher_A": KeyRule(str, choices=("default", "alt")),  # [[.6,.4],[.4,.6]] or [[.3,.7],[.8,.2]]
-    "optim": KeyRule(str, choices=("gd", "adam")),
-    "iters": KeyRule(int, lo=1),
-    "lr": KeyRule(float, **_POSITIVE),
-    "n_test": KeyRule(int, lo=1),
-    "folds": KeyRule(int, lo=2),
-    "lam_grid_min": KeyRule(float, **_POSITIVE),  # log-spaced lambda grid of the cross-validation
-    "lam_grid_max": KeyRule(float, **_POSITIVE),
-    "lam_grid_n": KeyRule(int, lo=1),
-}
-
-# ---------------------------------------------------------------------------------------------------------
 # Parsing and validation
 # ---------------------------------------------------------------------------------------------------------
 
 
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
 def _is_kind(value: Any, kind: type) -> bool:
@@ -184,7 +100,7 @@ def _coerce(where: str, value: Any, rule: KeyRule, *, check_range: bool = True) 
     if rule.kind is int and isinstance(value, float) and value.is_integer():
         value = int(value)
     if not _is_kind(value, rule.kind):
-        raise SearchSpaceError(f"{where}: {value!r} is not {_TYPE_NAMES[rule.kind]}; {rule.allowed()}")
+        raise SearchSpaceError(f"{where}: {value!r} is not {TYPE_NAMES[rule.kind]}; {rule.allowed()}")
     value = rule.kind(value)
     if rule.choices and value not in rule.choices:
         hint = difflib.get_close_matches(str(value), list(map(str, rule.choices)), n=1)
@@ -214,7 +130,7 @@ def _check_dimension(source: str, key: str, dim: Dimension, rule: KeyRule) -> Di
         use = "grid or choice" if rule.choices or rule.kind in (str, bool) else (
             "randint" if rule.kind is int else "uniform or loguniform")
         samples = "integers" if wanted is int else "real numbers"
-        raise SearchSpaceError(f"{where}: {name} samples {samples} but {key} takes {_TYPE_NAMES[rule.kind]}; "
+        raise SearchSpaceError(f"{where}: {name} samples {samples} but {key} takes {TYPE_NAMES[rule.kind]}; "
                                f"use {use}")
     lo, hi = (_coerce(where, v, rule, check_range=False) for v in (dim.lo, dim.hi))
     if isinstance(dim, LogUniform) and not 0 < lo < hi:
@@ -264,6 +180,29 @@ class SearchSpace(Mapping):
     def __len__(self) -> int:
         return len(self.dims)
 
+    def points(self) -> list[dict[str, Any]]:
+        """Every combination of the values a trial can take: grid and choice values, constants, and both ends of
+        each sampled range (the one place a space is enumerated: validation, benchmarks)."""
+        def values(dim: Dimension) -> tuple:
+            if isinstance(dim, (Grid, Choice)):
+                return dim.values
+            if isinstance(dim, Constant):
+                return (dim.value,)
+            return (dim.lo, dim.hi - 1 if isinstance(dim, RandInt) else dim.hi)
+        keys = list(self.dims)
+        return [dict(zip(keys, combo)) for combo in itertools.product(*(values(self.dims[k]) for k in keys))]
+
+    def check_points(self, defaults: Mapping[str, Any] | None = None) -> None:
+        """The rules' whole-point check on every point, keys the space lacks taken from `defaults`."""
+        check = getattr(self.rules, "check_point", None)
+        if check is None:
+            return
+        for point in self.points():
+            try:
+                check({**(defaults or {}), **point})
+            except ConfigError as e:
+                raise SearchSpaceError(f"{self.source}: {e}") from None
+
     def override(self, key: str, dim: Dimension) -> SearchSpace:
         """A copy with `key` replaced (or added), validated like a file entry."""
         return parse_search_space({**self.dims, key: dim}, self.rules, self.source)
@@ -290,8 +229,7 @@ def parse_search_space(mapping: Mapping[str, Any], allowed: Mapping[str, KeyRule
         dim = raw if isinstance(raw, _DIMENSION_TYPES) else _to_dimension(f"{source}: {key}", raw)
         dims[key] = _check_dimension(source, key, dim, allowed[key])
     space = SearchSpace(dims, allowed, source)
-    if record.PE_TYPE in allowed and record.FUSION in allowed:
-        check_pe_fusion_pairs(space)
+    space.check_points()
     return space
 
 
@@ -315,31 +253,6 @@ def load_search_space(path: str | Path, allowed: Mapping[str, KeyRule]) -> Searc
 # ---------------------------------------------------------------------------------------------------------
 # Queries used by the sweep drivers
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _candidates(dim: Dimension | None, default: Any) -> tuple:
-    if isinstance(dim, (Grid, Choice)):
-        return dim.values
-    return (dim.value,) if isinstance(dim, Constant) else (default,)
-
-
-def pe_fusion_pairs(space: SearchSpace, base: ModelConfig | None = None) -> list[tuple[str, str]]:
-    """Every (pe_type, fusion) pair the space can produce; a key it does not set takes `base`'s value
-    (default: ModelConfig(), which every preset shares)."""
-    base = base or ModelConfig()
-    pes = _candidates(space.dims.get(record.PE_TYPE), base.pe_type)
-    fusions = _candidates(space.dims.get(record.FUSION), base.fusion)
-    return list(itertools.product(pes, fusions))
-
-
-def check_pe_fusion_pairs(space: SearchSpace, base: ModelConfig | None = None) -> None:
-    """Reject a space that can produce a pair `check_pe_fusion` refuses, naming the pair and the fix."""
-    for pe, fusion in pe_fusion_pairs(space, base):
-        try:
-            check_pe_fusion(pe, fusion)
-        except ConfigError as e:
-            raise SearchSpaceError(f"{space.source}: pe_type x fusion: the pair ({pe}, {fusion}) is not allowed: "
-                                   f"{e}; keep incompatible pairs in separate search spaces") from None
 
 
 def has_grid(space: SearchSpace) -> bool:

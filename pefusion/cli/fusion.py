@@ -1,0 +1,194 @@
+"""The PE-fusion study's command lines, the library half: `sweeps/arxiv_grid.py` and `sweeps/lr_batch_asha.py` parse
+their flags and call `run_arxiv_grid` or `run_lr_batch_asha` here, which wire study A into the sweep engine and
+print what the user reads at the end (Table 1, or the best configuration and ASHA's epoch budget)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from pefusion import record as R
+from pefusion.cli.flags import search_space_path, sweep_options
+from pefusion.data.corpus import EncodedCorpus, load_corpus
+from pefusion.errors import ConfigError
+from pefusion.fusion.config import (PRESETS, RULES, Preset, check_pe_fusion_pairs, flat_config, smoke_budget)
+from pefusion.fusion.trainable import check_trial_config, pefusion_trainable, trial_run_name
+from pefusion.sweep.driver import StudySweep, run_sweep
+from pefusion.sweep.space import SearchSpace, grid_size, load_search_space, require_no_grid
+
+
+def resolve_preset(args: argparse.Namespace) -> Preset:
+    """The preset, shrunk by --smoke, then the command line's data, length and epoch flags (validated)."""
+    preset = PRESETS[args.preset]
+    data_over: dict = {}
+    if args.synthetic:
+        data_over["synthetic"] = True
+    if args.data_dir:
+        if not Path(args.data_dir).is_dir():
+            raise ConfigError(f"--data-dir {args.data_dir} is not a directory; it must hold train, validation and "
+                              f"test files (JSONL, CSV or Parquet)")
+        data_over.update(data_dir=args.data_dir, synthetic=False)
+    if args.dataset:
+        data_over.update(dataset=args.dataset, dataset_config=args.dataset_config, data_dir=None, synthetic=False)
+    elif args.dataset_config:
+        data_over["dataset_config"] = args.dataset_config
+    for key in ("text_column", "label_column", "cache_dir"):
+        if getattr(args, key):
+            data_over[key] = getattr(args, key)
+    preset = dataclasses.replace(preset, data=dataclasses.replace(preset.data, **data_over))
+    if args.smoke:
+        preset = smoke_budget(preset)
+    model, train, data = preset.model, preset.train, preset.data
+    if args.max_len:
+        data = dataclasses.replace(data, max_len=args.max_len)
+        model = dataclasses.replace(model, max_len=args.max_len)
+    if getattr(args, "epochs", None):
+        train = dataclasses.replace(train, max_epochs=args.epochs)
+    return dataclasses.replace(preset, model=model, train=train, data=data)
+
+
+def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSpace, cpus: float, *,
+                   corpus: EncodedCorpus | None = None, trainable: Callable[..., None] = pefusion_trainable,
+                   describe: bool = False, **search: Any) -> StudySweep:
+    """Study A as the engine sees it: trials of `space` over `preset`, on `corpus` (default: the preset's data,
+    loaded after validation). `search`: StudySweep's metric, mode, scheduler, search_alg, num_samples."""
+    def ship() -> dict[str, Any]:
+        return {"corpus": corpus or load_corpus(preset.data), "base": preset, "cpus": cpus,
+                "length_edges": preset.data.length_edges}
+
+    def line(shipped: dict[str, Any]) -> str:
+        c = shipped["corpus"]
+        return (f"{grid_size(space)} trials on {c.name}: {len(c.train)} train / {len(c.validation)} validation / "
+                f"{len(c.test)} test documents, vocabulary {c.vocab_size}") if describe else ""
+
+    dataset = preset.data.source_name
+    return StudySweep(
+        sweep=sweep, preset=preset_name, space=space, trainable=trainable, ship=ship,
+        check_point=lambda point: check_trial_config(point, preset),
+        static_params={R.DATASET: dataset, **flat_config(preset.model, preset.train)},
+        identity={R.PE_TYPE: preset.model.pe_type, R.FUSION: preset.model.fusion, R.SEED: preset.train.seed,
+                  R.DATASET: dataset},
+        sort_keys=(R.PE_TYPE, R.FUSION, R.SEED, "lr", "batch_size"), run_name=trial_run_name, describe=line,
+        results_file="results_by_seed", tables=lambda rows: {"results_aggregated": aggregate_rows(rows)}, **search)
+
+
+def _load_space(args: argparse.Namespace, preset: Preset) -> SearchSpace:
+    space = load_search_space(search_space_path(args), RULES)
+    for key, values in ((R.PE_TYPE, getattr(args, "pe_types", None)), (R.FUSION, getattr(args, "fusions", None)),
+                        (R.SEED, getattr(args, "seeds", None))):
+        if values:
+            space = space.override_values(key, values)
+    check_pe_fusion_pairs(space, preset.model)
+    return space
+
+
+def run_arxiv_grid(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    """The PE × fusion × seed grid: every trial to its own early stop, then Table 1."""
+    preset = resolve_preset(args)
+    space = _load_space(args, preset)
+    study = pefusion_study("arxiv_grid", args.preset, preset, space, args.cpus_per_trial, describe=True)
+    result = run_sweep(study, sweep_options(args, "arxiv_grid", argv), args.out)
+    print(summary_table(result.rows))
+    print(f"results: {', '.join(map(str, result.paths))}\nRay experiment: {result.experiment_path}")
+    return 0
+
+
+def run_lr_batch_asha(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+    """A learning-rate × batch-size search under ASHA (or FIFO), randomly or with Optuna's TPE."""
+    if args.num_samples < 1:
+        raise ConfigError(f"--num-samples={args.num_samples} must be >= 1")
+    if args.grace_period < 1 or args.reduction_factor <= 1:
+        raise ConfigError("--grace-period must be >= 1 and --reduction-factor > 1")
+    preset = resolve_preset(args)
+    if args.max_t is not None and args.max_t < 1:
+        raise ConfigError(f"--max-t={args.max_t} must be >= 1")
+    max_t = args.max_t or preset.train.max_epochs
+    preset = dataclasses.replace(preset, train=dataclasses.replace(preset.train, max_epochs=max_t,
+                                                                   early_stopping=False))
+    space = _load_space(args, preset)
+    if args.search == "optuna":
+        require_no_grid(space, "Optuna samples its own points")
+
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    # ASHA stops any trial whose report reaches max_t; one epoch of headroom lets a trial that trained the whole
+    # budget deliver its final (test) record, which follows its last epoch report.
+    scheduler = (ASHAScheduler(time_attr=R.EPOCH, max_t=max_t + 1, grace_period=min(args.grace_period, max_t),
+                               reduction_factor=args.reduction_factor)
+                 if args.scheduler == "asha" else FIFOScheduler())
+    search_alg = None
+    if args.search == "optuna":
+        import optuna
+        from ray.tune.search.optuna import OptunaSearch
+
+        search_alg = OptunaSearch(sampler=optuna.samplers.TPESampler(seed=args.sampler_seed))
+    study = pefusion_study("lr_batch_asha", args.preset, preset, space, args.cpus_per_trial,
+                           metric=R.OPTIMISED_METRIC, mode=R.OPTIMISED_MODE, scheduler=scheduler,
+                           search_alg=search_alg, num_samples=args.num_samples)
+    study = dataclasses.replace(study, parent_metrics=lambda rows: budget_summary(rows, max_t))
+    result = run_sweep(study, sweep_options(args, "lr_batch_asha", argv), args.out)
+
+    rows, summary = result.rows, budget_summary(result.rows, max_t)
+    ok = rows[rows[R.STATUS].isin(R.SUCCESS_STATUSES)].dropna(subset=[R.VAL_ACC])
+    if len(ok):
+        best = ok.loc[ok[R.VAL_ACC].idxmax()]
+        keys = [k for k in space if k in rows.columns]
+        print("best configuration: " + ", ".join(f"{k}={best[k]}" for k in keys)
+              + f"  ({R.VAL_ACC}={best[R.VAL_ACC]:.4f}, {int(best[R.EPOCHS_RUN])} epochs)")
+    print(f"epochs trained: {summary['epochs_trained']:.0f} of {summary['epochs_full_budget']:.0f} without early "
+          f"stopping ({100 * summary['budget_fraction']:.1f}%); {summary['n_stopped']:.0f} trials stopped by ASHA, "
+          f"{summary['n_failed']:.0f} failed")
+    print(f"results: {', '.join(map(str, result.paths))}\nRay experiment: {result.experiment_path}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What a finished sweep prints and writes besides its rows
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _as_trial_frame(rows: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's rows in the shape `pefusion.analysis` reads from MLflow (one implementation of the tables)."""
+    from pefusion.analysis.tables import RUN_ID, START_TIME
+
+    return rows.assign(**{RUN_ID: rows["trial_id"].astype(str),
+                          START_TIME: rows["started_at"] if "started_at" in rows else 0.0})
+
+
+def aggregate_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Table 1 of the sweep (accuracies in %), or for a search the trials best first."""
+    from pefusion.analysis.tables import search_table, table1
+
+    frame = _as_trial_frame(rows)
+    if (frame[R.STATUS] == R.STATUS_OK).any() and frame[[R.PE_TYPE, R.FUSION]].drop_duplicates().shape[0] > 1:
+        return table1(frame)
+    return search_table(frame)
+
+
+def summary_table(rows: pd.DataFrame) -> str:
+    """Table 1 as text, then every failed trial with its reason."""
+    from pefusion.analysis.tables import table1, table1_display
+
+    frame = _as_trial_frame(rows)
+    n_failed = int((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum())
+    lines = []
+    if (frame[R.STATUS] == R.STATUS_OK).any():
+        lines.append(table1_display(table1(frame)).to_string(index=False))
+    lines.append(f"{len(rows)} trials, {len(rows) - n_failed} ok, {n_failed} failed")
+    for _, r in rows[~rows[R.STATUS].isin(R.SUCCESS_STATUSES)].iterrows():
+        lines.append(f"  failed: {trial_run_name(r.to_dict())} [{r[R.STATUS]}] {r.get(R.ERROR, '')}")
+    return "\n".join(lines)
+
+
+def budget_summary(rows: pd.DataFrame, max_t: int) -> dict[str, float]:
+    """Epochs actually trained against the epochs of the same samples run to max_t."""
+    trained = float(rows[R.EPOCHS_RUN].fillna(0).sum())
+    full = float(len(rows) * max_t)
+    return {"epochs_trained": trained, "epochs_full_budget": full, "budget_fraction": trained / full if full else 0.0,
+            "n_stopped": float((rows[R.STATUS] == R.STATUS_STOPPED).sum()),
+            "n_failed": float((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum()),
+            "best_val_acc": float(rows[R.VAL_ACC].max()) if R.VAL_ACC in rows and rows[R.VAL_ACC].notna().any()
+            else float("nan")}
