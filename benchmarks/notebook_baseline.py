@@ -81,11 +81,12 @@ def notebook_data(args: argparse.Namespace, vocab: dict[str, int], labels: np.nd
     if len(texts) != len(labels):
         raise AssertionError(f"the notebook reader kept {len(texts)} training documents, the library {len(labels)}")
     ds = NotebookDataset(texts, labels.tolist(), vocab, args.max_len)
-    _, tok_s, tok_cpu = timed(lambda: [ds[i] for i in range(len(ds))])
+    _, tok_s, tok_cpu = timed(lambda: [ds[i] for i in range(len(ds))], collect=True)
     loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=0,
                         generator=torch.Generator().manual_seed(args.seed))
     sum(len(y) for _, y in loader)
-    n, data_s, data_cpu = timed(lambda: sum(len(y) for _, y in loader))  # a later epoch: the same work again
+    # a later epoch: the same work again
+    n, data_s, data_cpu = timed(lambda: sum(len(y) for _, y in loader), collect=True)
     assert n == len(ds)
     real = sum(min(len(t.split()), args.max_len) for t in texts)
     return loader, {

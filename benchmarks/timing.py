@@ -11,10 +11,15 @@ from typing import Callable, Iterator
 from pefusion.cli.flags import print_result
 
 
-def timed(fn: Callable[[], object]) -> tuple[object, float, float]:
-    """(result, wall seconds, CPU seconds), starting from a collected heap: otherwise the first measurement after
-    the imports pays for a full garbage collection over torch's ~10^6 objects (0.1 s here), whatever it times."""
-    gc.collect()
+def timed(fn: Callable[[], object], *, collect: bool = False) -> tuple[object, float, float]:
+    """(result, wall seconds, CPU seconds).
+
+    collect=True starts from a collected heap: otherwise the first measurement after the imports pays for a full
+    garbage collection over torch's ~10^6 objects (0.1 s here), whatever it times. It is not the default because
+    the collection also leaves the CPU caches cold: the student benchmark's vectorised teacher at d = 40 (0.2 ms)
+    measures 2-3x slower after one."""
+    if collect:
+        gc.collect()
     wall, cpu = time.perf_counter(), time.process_time()
     out = fn()
     return out, time.perf_counter() - wall, time.process_time() - cpu

@@ -85,8 +85,8 @@ def ours_data(args: argparse.Namespace) -> tuple[EncodedCorpus, dict[str, int], 
     """The corpus tokenised into a fresh cache (timed: cold), one timed warm epoch of batches."""
     with tempfile.TemporaryDirectory(prefix="bench_train_cache_") as cache:
         data_cfg = DataConfig(data_dir=args.data_dir, max_len=args.max_len, cache_dir=cache)
-        corpus, tok_s, tok_cpu = timed(lambda: load_corpus(data_cfg))
-        _, load_s, _ = timed(lambda: load_corpus(data_cfg))  # cache hit
+        corpus, tok_s, tok_cpu = timed(lambda: load_corpus(data_cfg), collect=True)
+        _, load_s, _ = timed(lambda: load_corpus(data_cfg), collect=True)  # cache hit
         vocab = {w: i for i, w in enumerate(load_vocab(corpus, data_cfg))}
     train = corpus.train
     n_docs = sum(len(corpus.split(s)) for s in ("train", "validation", "test"))
@@ -96,7 +96,7 @@ def ours_data(args: argparse.Namespace) -> tuple[EncodedCorpus, dict[str, int], 
                                                        epoch=epoch))
 
     data_pass(0)
-    n, data_s, data_cpu = timed(lambda: data_pass(1))  # an epoch after the first
+    n, data_s, data_cpu = timed(lambda: data_pass(1), collect=True)  # an epoch after the first
     assert n == len(train)
     return corpus, vocab, {
         "n_train": len(train), "vocab_size": corpus.vocab_size, "num_classes": corpus.num_classes,
