@@ -1,10 +1,10 @@
-"""The chunked CPU attention-dropout path (pefusion.fusion.model.attention) computes SDPA's function exactly, given
+"""The chunked CPU attention-dropout path (pefusion.fusion.attention.attention) computes SDPA's function exactly, given
 its dropout mask, draws masks at rate p, and is fixed by torch.manual_seed."""
 import pytest
 import torch
 
-from pefusion.fusion import model as encoder
-from pefusion.fusion.model import attention
+from pefusion.fusion import attention as encoder
+from pefusion.fusion.attention import attention
 
 
 def reference(q, k, v, bias, keep, p):
