@@ -15,6 +15,7 @@ from pefusion.data import corpus as td
 from pefusion.data.config import DataConfig
 from pefusion.record import length_bucket_labels
 from pefusion.data.corpus import PAD_ID, UNK_ID, DataError
+from pefusion.data.encoded import EncodedSplit
 
 # "the" x3, "cat" x2 in train; "dog" once (below min_freq); "zebra" only in test.
 TRAIN = [("The cat sat", "pos"), ("the CAT ran far", "neg"), ("the dog", "pos"), ("   ", "neg")]
@@ -44,7 +45,7 @@ def cfg_for(tmp_path: Path, data_dir: Path, **kw) -> DataConfig:
     return DataConfig(data_dir=str(data_dir), cache_dir=str(tmp_path / "cache"), **kw)
 
 
-def docs(split: td.EncodedSplit) -> list[list[int]]:
+def docs(split: EncodedSplit) -> list[list[int]]:
     return [split.doc(i).tolist() for i in range(len(split))]
 
 
@@ -345,13 +346,13 @@ def test_real_load_dataset_on_a_local_dataset_directory(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def varied_split(n: int = 700, max_len: int = 256, seed: int = 0) -> td.EncodedSplit:
+def varied_split(n: int = 700, max_len: int = 256, seed: int = 0) -> EncodedSplit:
     rng = np.random.default_rng(seed)
     raw = np.rint(np.exp(rng.uniform(np.log(3), np.log(2 * max_len), n))).astype(np.int64)
     lengths = np.minimum(raw, max_len)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     ids = rng.integers(1, 500, size=int(offsets[-1])).astype(np.int32)
-    return td.EncodedSplit(ids, offsets, rng.integers(0, 3, n), raw)
+    return EncodedSplit(ids, offsets, rng.integers(0, 3, n), raw)
 
 
 def test_iter_batches_rows_are_docs_then_padding():
@@ -396,8 +397,8 @@ def test_length_bucketing_pads_far_less_than_max_len():
 
 
 def test_empty_split_yields_no_batches():
-    empty = td.EncodedSplit(np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0, np.int64),
-                            np.zeros(0, np.int64))
+    empty = EncodedSplit(np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0, np.int64),
+                         np.zeros(0, np.int64))
     assert list(td.iter_batches(empty, 8, shuffle=True)) == []
 
 

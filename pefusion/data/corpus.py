@@ -22,7 +22,7 @@ import shutil
 import socket
 import tempfile
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Sequence
@@ -32,6 +32,7 @@ import torch
 
 from pefusion.errors import ConfigError
 from pefusion.data.config import DataConfig
+from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 
 log = logging.getLogger(__name__)
 
@@ -62,49 +63,6 @@ TOKENISATIONS = 0
 
 class DataError(ConfigError):
     """A user-caused data problem (missing dataset, malformed file, missing column), in one line."""
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Encoded corpus
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class EncodedSplit:
-    """One split as flat numpy arrays: document i is `ids[offsets[i]:offsets[i+1]]`."""
-
-    ids: np.ndarray  # int32 (total_tokens,) every document truncated to max_len
-    offsets: np.ndarray  # int64 (N+1,)
-    labels: np.ndarray  # int64 (N,)
-    raw_lengths: np.ndarray  # int64 (N,) tokens before truncation, for the length buckets
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """Tokens kept per document, after truncation. (N,)"""
-        return np.diff(self.offsets)
-
-    def doc(self, i: int) -> np.ndarray:
-        return self.ids[self.offsets[i]:self.offsets[i + 1]]
-
-
-@dataclass
-class EncodedCorpus:
-    train: EncodedSplit
-    validation: EncodedSplit
-    test: EncodedSplit
-    vocab_size: int
-    num_classes: int
-    max_len: int
-    name: str  # DataConfig.source_name, recorded as the `dataset` param
-    cache_key: str
-    label_names: tuple[str, ...] = ()  # label_names[i] is the original label of class id i
-    meta: dict[str, Any] = field(default_factory=dict)  # the cache's meta.json: counts, dropped docs, source
-
-    def split(self, name: str) -> EncodedSplit:
-        return getattr(self, name)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from pefusion.errors import ConfigError
 from pefusion.fusion.config import ModelConfig, Preset, flat_config, split_trial_config
 from pefusion.fusion.model import build_model_from_config
 from pefusion.sweep.space import Choice, Constant, Grid, RandInt, SearchSpace
-from pefusion.data.corpus import EncodedCorpus
+from pefusion.data.encoded import EncodedCorpus
 from pefusion.fusion.training import Diverged, Trainer
 from pefusion.sweep.driver import SweepOptions, result_rows, run_tune
 
