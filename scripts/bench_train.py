@@ -57,7 +57,8 @@ from pefusion.errors import ConfigError
 from pefusion.data.config import DataConfig
 from pefusion.fusion.operators import build_fusion
 from pefusion.fusion.positional import build_positional
-from pefusion.data.corpus import batch_order, find_split_files, iter_batches, load_corpus, load_vocab, pad_batch
+from pefusion.data.batching import batch_order, iter_batches, pad_batch
+from pefusion.data.corpus import find_split_files, load_corpus, load_vocab
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 from pefusion.fusion.training import Trainer
 

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from pefusion.data import batching
 from pefusion.data import corpus as td
 from pefusion.data.config import DataConfig
 from pefusion.record import length_bucket_labels
@@ -358,7 +359,7 @@ def varied_split(n: int = 700, max_len: int = 256, seed: int = 0) -> EncodedSpli
 def test_iter_batches_rows_are_docs_then_padding():
     split = varied_split()
     seen = []
-    for batch in td.iter_batches(split, 32, shuffle=True, seed=3, epoch=1):
+    for batch in batching.iter_batches(split, 32, shuffle=True, seed=3, epoch=1):
         assert batch.tokens.dtype == torch.int64 and batch.labels.dtype == torch.int64
         lengths = split.lengths[batch.index.numpy()]
         assert batch.tokens.shape == (len(batch.index), lengths.max())  # T = longest doc of the batch
@@ -374,7 +375,7 @@ def test_iter_batches_order_is_deterministic_per_seed_and_epoch():
     split = varied_split()
 
     def order(**kw):
-        return np.concatenate([b.index.numpy() for b in td.iter_batches(split, 16, **kw)])
+        return np.concatenate([b.index.numpy() for b in batching.iter_batches(split, 16, **kw)])
 
     np.testing.assert_array_equal(order(shuffle=True, seed=1, epoch=2), order(shuffle=True, seed=1, epoch=2))
     assert not np.array_equal(order(shuffle=True, seed=1, epoch=2), order(shuffle=True, seed=1, epoch=3))
@@ -388,25 +389,25 @@ def test_length_bucketing_pads_far_less_than_max_len():
     split, max_len = varied_split(max_len=256), 256
     real = int(split.lengths.sum())
     for shuffle in (True, False):
-        cells = sum(b.tokens.numel() for b in td.iter_batches(split, 32, shuffle=shuffle, seed=0))
+        cells = sum(b.tokens.numel() for b in batching.iter_batches(split, 32, shuffle=shuffle, seed=0))
         padding = 1 - real / cells
         padding_to_max_len = 1 - real / (len(split) * max_len)
         assert padding_to_max_len > 0.5
         assert padding < 0.1, (shuffle, padding)  # sorted within chunks of 50 batches
-    assert list(td.iter_batches(split, 10_000, shuffle=False))[0].tokens.shape == (len(split), max_len)
+    assert list(batching.iter_batches(split, 10_000, shuffle=False))[0].tokens.shape == (len(split), max_len)
 
 
 def test_empty_split_yields_no_batches():
     empty = EncodedSplit(np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0, np.int64),
                          np.zeros(0, np.int64))
-    assert list(td.iter_batches(empty, 8, shuffle=True)) == []
+    assert list(batching.iter_batches(empty, 8, shuffle=True)) == []
 
 
 def test_length_buckets_use_raw_lengths_and_default_edges():
     edges = DataConfig().length_edges
     assert length_bucket_labels(edges) == ["le512", "le1024", "le2048", "le4096", "gt4096"]
     raw = np.array([1, 512, 513, 1024, 1025, 2048, 4096, 4097, 100_000])
-    assert td.length_bucket_of(raw, edges).tolist() == [0, 0, 1, 1, 2, 2, 3, 4, 4]
+    assert batching.length_bucket_of(raw, edges).tolist() == [0, 0, 1, 1, 2, 2, 3, 4, 4]
 
 
 def test_length_buckets_of_a_loaded_corpus_count_tokens_before_truncation(tmp_path):
@@ -415,5 +416,5 @@ def test_length_buckets_of_a_loaded_corpus_count_tokens_before_truncation(tmp_pa
     corpus = td.load_corpus(cfg_for(tmp_path, make_dir(tmp_path / "data", splits=rows), max_len=16))
     assert corpus.test.lengths.tolist() == [16, 1]
     assert corpus.test.raw_lengths.tolist() == [600, 1]
-    assert td.length_bucket_of(corpus.test.raw_lengths, (512, 1024)).tolist() == [1, 0]
+    assert batching.length_bucket_of(corpus.test.raw_lengths, (512, 1024)).tolist() == [1, 0]
     assert corpus.meta["truncated"]["test"] == 1

@@ -1,10 +1,10 @@
-"""Text data: sources, the train-only vocabulary, the on-disk token-id cache, length-bucketed batching.
+"""Text data: sources, the train-only vocabulary, the on-disk token-id cache.
 
 A corpus goes  source -> (texts, labels) per split -> vocabulary from the TRAINING split -> token ids, once.
 The ids of all documents of a split live in one int32 array with offsets (`EncodedSplit`), so a whole corpus is a
 handful of numpy arrays: cheap to cache on disk, and shipped once to every trial of a sweep through Ray's object
-store. The paper's notebook re-tokenised every document in `__getitem__` every epoch and padded to 4096; here an
-epoch only gathers ids into batches of similar length, padded to the longest document of the batch.
+store. The paper's notebook re-tokenised every document in `__getitem__` every epoch; here an epoch only gathers
+ids into batches (`pefusion.data.batching`).
 
 Sources, in the order `DataConfig` picks them: the bundled synthetic corpus, a local directory of
 train/validation/test JSONL/CSV/Parquet files, or a Hugging Face hub dataset (`datasets.load_dataset`).
@@ -25,10 +25,9 @@ import urllib.parse
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
-import torch
 
 from pefusion.errors import ConfigError
 from pefusion.data.config import DataConfig
@@ -49,7 +48,6 @@ FILE_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": 
 # A hub dataset without a validation split (ag_news, imdb) gets this fraction of train, drawn with a fixed seed.
 HUB_VALIDATION_FRACTION = 0.1
 HUB_PROBE_TIMEOUT_S = 3.0
-BATCHES_PER_SORT_CHUNK = 50  # "sort within mega-batches": docs are length-sorted inside chunks of 50 batches
 
 SUPPLY_HINT = (
     "supply data in one of three ways: --data-dir DIR with train/validation/test JSONL, CSV or Parquet files "
@@ -564,70 +562,3 @@ def load_corpus(cfg: DataConfig) -> EncodedCorpus:
     return EncodedCorpus(train=splits["train"], validation=splits["validation"], test=splits["test"],
                          vocab_size=meta["vocab_size"], num_classes=meta["num_classes"], max_len=cfg.max_len,
                          name=cfg.source_name, cache_key=key, label_names=tuple(meta["label_names"]), meta=meta)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Batching and length buckets
-# ---------------------------------------------------------------------------------------------------------
-
-
-class Batch(NamedTuple):
-    tokens: torch.Tensor  # (B, T) int64, 0-padded; T = longest document of this batch
-    labels: torch.Tensor  # (B,) int64
-    index: torch.Tensor  # (B,) int64 positions of these documents in the split
-
-
-def batch_order(lengths: np.ndarray, batch_size: int, *, shuffle: bool, seed: int = 0,
-                epoch: int = 0) -> list[np.ndarray]:
-    """Document indices of each batch. shuffle=False: all documents sorted by length (the least padding;
-    deterministic). shuffle=True: a random permutation cut into chunks of BATCHES_PER_SORT_CHUNK batches,
-    each chunk sorted by length and cut into batches, then the batch order shuffled — deterministic for
-    (seed, epoch)."""
-    n = len(lengths)
-    if not shuffle:
-        order = np.argsort(lengths, kind="stable")
-        return [order[i:i + batch_size] for i in range(0, n, batch_size)]
-    rng = np.random.default_rng([seed, epoch])
-    perm = rng.permutation(n)
-    chunk = batch_size * BATCHES_PER_SORT_CHUNK
-    batches = []
-    for start in range(0, n, chunk):
-        part = perm[start:start + chunk]
-        part = part[np.argsort(lengths[part], kind="stable")]
-        batches += [part[i:i + batch_size] for i in range(0, len(part), batch_size)]
-    return [batches[i] for i in rng.permutation(len(batches))]
-
-
-def pad_batch(split: EncodedSplit, index: np.ndarray) -> np.ndarray:
-    """Documents `index` of `split` as a 0-padded (B, T) int64 array, T = the longest of them: one gather."""
-    starts = split.offsets[index]  # (B,)
-    lens = split.offsets[index + 1] - starts  # (B,)
-    width = int(lens.max()) if len(lens) else 0
-    cols = np.arange(width)
-    mask = cols < lens[:, None]  # (B, T)
-    out = np.zeros((len(index), width), dtype=np.int64)
-    out[mask] = split.ids[(starts[:, None] + cols)[mask]]
-    return out
-
-
-def iter_batches(split: EncodedSplit, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
-                 device: torch.device | None = None) -> Iterator[Batch]:
-    """Length-bucketed batches covering every document of `split` exactly once (see `batch_order`). Padding
-    to the batch's longest document changes nothing the model computes for a document, given the key-padding
-    mask and pooling over non-pad positions; it only removes work."""
-    if batch_size <= 0:
-        raise ConfigError(f"batch_size={batch_size} is out of range; it must be > 0")
-    lengths = split.lengths
-    for index in batch_order(lengths, batch_size, shuffle=shuffle, seed=seed, epoch=epoch):
-        tokens = torch.from_numpy(pad_batch(split, index))
-        labels = torch.from_numpy(split.labels[index])
-        idx = torch.from_numpy(index.astype(np.int64, copy=False))
-        if device is not None:
-            tokens, labels, idx = tokens.to(device), labels.to(device), idx.to(device)
-        yield Batch(tokens, labels, idx)
-
-
-def length_bucket_of(raw_lengths: np.ndarray, edges: Sequence[int]) -> np.ndarray:
-    """Bucket id of each document by its length before truncation: bucket i holds edges[i-1] < n <= edges[i],
-    the last one n > edges[-1], matching `record.length_bucket_labels(edges)`. (N,) int64"""
-    return np.searchsorted(np.asarray(edges), np.asarray(raw_lengths), side="left").astype(np.int64)
