@@ -11,12 +11,13 @@ import pandas as pd
 import pytest
 import torch
 
-from pefusion.data import batching
+from pefusion.data import batching, tokenizer
 from pefusion.data import corpus as td
 from pefusion.data.config import DataConfig
 from pefusion.record import length_bucket_labels
-from pefusion.data.corpus import PAD_ID, UNK_ID, DataError
+from pefusion.data.corpus import DataError
 from pefusion.data.encoded import EncodedSplit
+from pefusion.data.tokenizer import PAD_ID, UNK_ID
 
 # "the" x3, "cat" x2 in train; "dog" once (below min_freq); "zebra" only in test.
 TRAIN = [("The cat sat", "pos"), ("the CAT ran far", "neg"), ("the dog", "pos"), ("   ", "neg")]
@@ -104,9 +105,9 @@ def test_validation_alias_and_hf_style_shards(tmp_path):
 
 def test_build_vocab_order_min_freq_and_max_vocab():
     texts = ["b a c", "a b d", "c e", "a"]  # a:3, b:2, c:2 (b seen first), d:1, e:1
-    assert list(td.build_vocab(texts, min_freq=2)) == ["<pad>", "<unk>", "a", "b", "c"]
-    assert list(td.build_vocab(texts, min_freq=1)) == ["<pad>", "<unk>", "a", "b", "c", "d", "e"]
-    assert list(td.build_vocab(texts, min_freq=1, max_vocab=4)) == ["<pad>", "<unk>", "a", "b"]  # incl. specials
+    assert list(tokenizer.build_vocab(texts, min_freq=2)) == ["<pad>", "<unk>", "a", "b", "c"]
+    assert list(tokenizer.build_vocab(texts, min_freq=1)) == ["<pad>", "<unk>", "a", "b", "c", "d", "e"]
+    assert list(tokenizer.build_vocab(texts, min_freq=1, max_vocab=4)) == ["<pad>", "<unk>", "a", "b"]  # incl. specials
 
 
 def test_training_split_encoding_equals_vocab_then_encode_and_the_counter_definition():
@@ -116,9 +117,9 @@ def test_training_split_encoding_equals_vocab_then_encode_and_the_counter_defini
     texts = [" ".join(rng.choices(words, weights=[1 / (k + 1) for k in range(len(words))], k=rng.randint(1, 60)))
              + rng.choice(["", "\t\n", "  "]) for _ in range(200)]
     for min_freq, max_vocab, max_len in [(2, 50_000, 16), (1, 40, 7), (3, 12, 100)]:
-        vocab, (ids, offsets, raw) = td.encode_training_split(texts, min_freq, max_vocab, max_len)
-        assert vocab == td.build_vocab(texts, min_freq, max_vocab)
-        ref_ids, ref_offsets, ref_raw = td.encode(texts, vocab, max_len)
+        vocab, (ids, offsets, raw) = tokenizer.encode_training_split(texts, min_freq, max_vocab, max_len)
+        assert vocab == tokenizer.build_vocab(texts, min_freq, max_vocab)
+        ref_ids, ref_offsets, ref_raw = tokenizer.encode(texts, vocab, max_len)
         assert ids.dtype == ref_ids.dtype == np.int32
         assert ids.tolist() == ref_ids.tolist() and offsets.tolist() == ref_offsets.tolist()
         assert raw.tolist() == ref_raw.tolist()
@@ -130,15 +131,15 @@ def test_training_split_encoding_equals_vocab_then_encode_and_the_counter_defini
 
 def test_words_spelled_like_special_tokens_never_take_their_ids():
     texts = ["<unk> a <pad> a", "<UNK> b <pad>", "a b"]
-    vocab, (ids, _, _) = td.encode_training_split(texts, 1, 100, 10)
+    vocab, (ids, _, _) = tokenizer.encode_training_split(texts, 1, 100, 10)
     assert vocab == {"<pad>": 0, "<unk>": 1, "a": 2, "b": 3}
     assert ids.tolist() == [1, 2, 1, 2, 1, 3, 1, 2, 3]  # both map to UNK: "<pad>" must not read as padding
-    assert td.encode(texts, vocab, 10)[0].tolist() == ids.tolist()
+    assert tokenizer.encode(texts, vocab, 10)[0].tolist() == ids.tolist()
 
 
 def test_encode_truncates_but_keeps_raw_lengths():
     vocab = {"<pad>": 0, "<unk>": 1, "a": 2, "b": 3}
-    ids, offsets, raw = td.encode(["a b a b a", "B", "c a"], vocab, max_len=3)
+    ids, offsets, raw = tokenizer.encode(["a b a b a", "B", "c a"], vocab, max_len=3)
     assert ids.tolist() == [2, 3, 2, 3, 1, 2]
     assert offsets.tolist() == [0, 3, 4, 6] and raw.tolist() == [5, 1, 2]
     naive = [[vocab.get(w, 1) for w in t.lower().split()][:3] for t in ["a b a b a", "B", "c a"]]
