@@ -9,6 +9,7 @@ import pytest
 from pefusion.data import synthetic as sc
 from pefusion.data import corpus as td
 from pefusion.data.config import DataConfig
+from pefusion.data.readers import SPLITS
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_written_jsonl_loads_like_the_built_in_source(tmp_path):
     built_in = td.load_corpus(DataConfig(synthetic=True, synthetic_train=40, synthetic_val=10, synthetic_test=10,
                                          synthetic_seed=2, max_len=64, cache_dir=str(tmp_path / "c")))
     assert built_in.name == "synthetic" and built_in.num_classes == sc.NUM_CLASSES
-    for split in td.SPLITS:
+    for split in SPLITS:
         a, b = from_files.split(split), built_in.split(split)
         np.testing.assert_array_equal(a.ids, b.ids)
         np.testing.assert_array_equal(a.labels, b.labels)

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 import torch
 
-from pefusion.data import batching, tokenizer
+from pefusion.data import batching, readers, tokenizer
 from pefusion.data import corpus as td
 from pefusion.data.config import DataConfig
 from pefusion.record import length_bucket_labels
-from pefusion.data.corpus import DataError
 from pefusion.data.encoded import EncodedSplit
+from pefusion.data.readers import DataError
 from pefusion.data.tokenizer import PAD_ID, UNK_ID
 
 # "the" x3, "cat" x2 in train; "dog" once (below min_freq); "zebra" only in test.
@@ -159,7 +159,7 @@ def test_second_load_reads_the_cache_without_tokenising(tmp_path, monkeypatch):
     second = td.load_corpus(cfg)
     assert td.TOKENISATIONS == before + 1  # read from disk, not tokenised again
     assert second.cache_key == first.cache_key
-    for split in td.SPLITS:
+    for split in readers.SPLITS:
         a, b = first.split(split), second.split(split)
         for name in ("ids", "offsets", "labels", "raw_lengths"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
@@ -289,7 +289,7 @@ def test_hub_path_maps_columns_classlabels_and_splits(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # as on a machine configured to go online
-    monkeypatch.setattr(td, "hub_reachable", lambda timeout=0: False)  # a machine without internet
+    monkeypatch.setattr(readers, "hub_reachable", lambda timeout=0: False)  # a machine without internet
     cfg = DataConfig(dataset="someone/papers-val", dataset_config="small", text_column="abstract",
                      label_column="category", cache_dir=str(tmp_path / "cache"))
     corpus = td.load_corpus(cfg)
@@ -338,7 +338,7 @@ def test_real_load_dataset_on_a_local_dataset_directory(tmp_path, monkeypatch):
     local = make_dir(tmp_path / "hubdir", ".parquet")
     corpus = td.load_corpus(DataConfig(dataset=str(local), dataset_config=None, cache_dir=str(tmp_path / "c")))
     direct = td.load_corpus(cfg_for(tmp_path, local))
-    for split in td.SPLITS:
+    for split in readers.SPLITS:
         assert docs(corpus.split(split)) == docs(direct.split(split))
     assert corpus.label_names == ("neg", "pos")
 
