@@ -58,7 +58,8 @@ from pefusion.data.config import DataConfig
 from pefusion.fusion.operators import build_fusion
 from pefusion.fusion.positional import build_positional
 from pefusion.data.batching import batch_order, iter_batches, pad_batch
-from pefusion.data.corpus import load_corpus, load_vocab
+from pefusion.data.cache import load_vocab
+from pefusion.data.corpus import load_corpus
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 from pefusion.data.readers import find_split_files
 from pefusion.fusion.training import Trainer

@@ -11,9 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from pefusion.data import batching, readers, tokenizer
-from pefusion.data import corpus as td
+import pefusion.data.corpus
+from pefusion.data import batching, cache, readers, tokenizer
 from pefusion.data.config import DataConfig
+from pefusion.data.corpus import load_corpus
 from pefusion.record import length_bucket_labels
 from pefusion.data.encoded import EncodedSplit
 from pefusion.data.readers import DataError
@@ -59,9 +60,9 @@ def docs(split: EncodedSplit) -> list[list[int]]:
 @pytest.mark.parametrize("ext,suffix", [(".jsonl", ""), (".jsonl", "_clean"), (".csv", ""), (".parquet", ""),
                                         (".json", "")])
 def test_each_format_loads_with_train_only_vocab_and_string_labels(tmp_path, ext, suffix):
-    corpus = td.load_corpus(cfg_for(tmp_path, make_dir(tmp_path / "data", ext, suffix)))
+    corpus = load_corpus(cfg_for(tmp_path, make_dir(tmp_path / "data", ext, suffix)))
     # specials, then "the" (3), "cat" (2); "sat", "ran", "far", "dog" occur once in train -> not in vocab.
-    vocab = td.load_vocab(corpus, cfg_for(tmp_path, tmp_path / "data"))
+    vocab = cache.load_vocab(corpus, cfg_for(tmp_path, tmp_path / "data"))
     assert vocab == ["<pad>", "<unk>", "the", "cat"]
     assert corpus.vocab_size == 4
     the, cat = 2, 3
@@ -82,7 +83,7 @@ def test_each_format_loads_with_train_only_vocab_and_string_labels(tmp_path, ext
 def test_paper_layout_with_integer_labels_and_custom_columns(tmp_path):
     rows = {s: [(t, i % 3) for i, (t, _) in enumerate(r)] for s, r in SPLITS.items()}
     data = make_dir(tmp_path / "data", ".jsonl", "_clean", splits=rows, text_col="body", label_col="y")
-    corpus = td.load_corpus(cfg_for(tmp_path, data, text_column="body", label_column="y"))
+    corpus = load_corpus(cfg_for(tmp_path, data, text_column="body", label_column="y"))
     assert corpus.train.labels.tolist() == [0, 1, 2]  # the dataset's own integer ids are kept
     assert corpus.num_classes == 3 and corpus.label_names == ("0", "1", "2")
 
@@ -91,7 +92,7 @@ def test_validation_alias_and_hf_style_shards(tmp_path):
     data = tmp_path / "data"
     make_dir(data, ".parquet", splits={"train": TRAIN, "test": TEST})
     write_split(data / "val.csv", VALIDATION)
-    corpus = td.load_corpus(cfg_for(tmp_path, data))
+    corpus = load_corpus(cfg_for(tmp_path, data))
     assert len(corpus.validation) == 2
     shards = tmp_path / "shards"
     shards.mkdir()
@@ -99,7 +100,7 @@ def test_validation_alias_and_hf_style_shards(tmp_path):
     write_split(shards / "train-00001-of-00002.parquet", TRAIN[2:])
     for split in ("validation", "test"):
         write_split(shards / f"{split}-00000-of-00001.parquet", SPLITS[split])
-    sharded = td.load_corpus(cfg_for(tmp_path, shards))
+    sharded = load_corpus(cfg_for(tmp_path, shards))
     assert docs(sharded.train) == docs(corpus.train)
 
 
@@ -153,11 +154,11 @@ def test_encode_truncates_but_keeps_raw_lengths():
 
 def test_second_load_reads_the_cache_without_tokenising(tmp_path, monkeypatch):
     cfg = cfg_for(tmp_path, make_dir(tmp_path / "data"))
-    before = td.TOKENISATIONS
-    first = td.load_corpus(cfg)
-    assert td.TOKENISATIONS == before + 1
-    second = td.load_corpus(cfg)
-    assert td.TOKENISATIONS == before + 1  # read from disk, not tokenised again
+    before = pefusion.data.corpus.TOKENISATIONS
+    first = load_corpus(cfg)
+    assert pefusion.data.corpus.TOKENISATIONS == before + 1
+    second = load_corpus(cfg)
+    assert pefusion.data.corpus.TOKENISATIONS == before + 1  # read from disk, not tokenised again
     assert second.cache_key == first.cache_key
     for split in readers.SPLITS:
         a, b = first.split(split), second.split(split)
@@ -169,30 +170,30 @@ def test_second_load_reads_the_cache_without_tokenising(tmp_path, monkeypatch):
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]  # no temp dir left
     # PEFUSION_CACHE is the default location when cache_dir is not set.
     monkeypatch.setenv("PEFUSION_CACHE", str(tmp_path / "env_cache"))
-    assert td.cache_root(DataConfig()) == tmp_path / "env_cache"
+    assert cache.cache_root(DataConfig()) == tmp_path / "env_cache"
 
 
 def test_cache_key_changes_with_settings_and_files(tmp_path):
     data = make_dir(tmp_path / "data")
-    base = td.cache_key(cfg_for(tmp_path, data))
-    assert td.cache_key(cfg_for(tmp_path, data)) == base
-    assert td.cache_key(cfg_for(tmp_path, data, max_len=7)) != base
-    assert td.cache_key(cfg_for(tmp_path, data, min_freq=1)) != base
-    assert td.cache_key(cfg_for(tmp_path, data, max_vocab=100)) != base
-    assert td.cache_key(cfg_for(tmp_path, data, label_column="y")) != base
+    base = cache.cache_key(cfg_for(tmp_path, data))
+    assert cache.cache_key(cfg_for(tmp_path, data)) == base
+    assert cache.cache_key(cfg_for(tmp_path, data, max_len=7)) != base
+    assert cache.cache_key(cfg_for(tmp_path, data, min_freq=1)) != base
+    assert cache.cache_key(cfg_for(tmp_path, data, max_vocab=100)) != base
+    assert cache.cache_key(cfg_for(tmp_path, data, label_column="y")) != base
     with open(data / "test.jsonl", "a") as f:  # an edited data file is a new corpus
         f.write(json.dumps({"text": "one more", "label": "pos"}) + "\n")
-    assert td.cache_key(cfg_for(tmp_path, data)) != base
+    assert cache.cache_key(cfg_for(tmp_path, data)) != base
     syn = DataConfig(synthetic=True)
-    assert td.cache_key(syn) != td.cache_key(DataConfig(synthetic=True, synthetic_seed=1))
-    assert td.cache_key(DataConfig()) != td.cache_key(DataConfig(dataset_config=None))
+    assert cache.cache_key(syn) != cache.cache_key(DataConfig(synthetic=True, synthetic_seed=1))
+    assert cache.cache_key(DataConfig()) != cache.cache_key(DataConfig(dataset_config=None))
 
 
 def test_racing_cache_writer_keeps_the_first_entry(tmp_path):
     entry = tmp_path / "cache" / "k"
     arrays = {"x": np.arange(3)}
-    td._write_cache(entry, arrays, {"n": 1}, {"<pad>": 0})
-    td._write_cache(entry, {"x": np.arange(5)}, {"n": 2}, {"<pad>": 0})  # the loser of a race: no error
+    cache.write_cache(entry, arrays, {"n": 1}, {"<pad>": 0})
+    cache.write_cache(entry, {"x": np.arange(5)}, {"n": 2}, {"<pad>": 0})  # the loser of a race: no error
     assert json.loads((entry / "meta.json").read_text()) == {"n": 1}
     assert [p.name for p in entry.parent.iterdir()] == ["k"]
 
@@ -204,7 +205,7 @@ def test_racing_cache_writer_keeps_the_first_entry(tmp_path):
 
 def assert_one_line_error(cfg: DataConfig, *fragments: str) -> None:
     with pytest.raises(DataError) as err:
-        td.load_corpus(cfg)
+        load_corpus(cfg)
     message = str(err.value)
     assert "\n" not in message
     for fragment in fragments:
@@ -248,7 +249,7 @@ def test_json_array_file_and_digit_string_labels(tmp_path):
     for split, rows in SPLITS.items():
         records = [{"text": t, "label": str(i % 2)} for i, (t, _) in enumerate(rows)]
         (data / f"{split}.json").write_text(json.dumps(records, indent=1))
-    corpus = td.load_corpus(cfg_for(tmp_path, data))
+    corpus = load_corpus(cfg_for(tmp_path, data))
     assert corpus.train.labels.tolist() == [0, 1, 0] and corpus.label_names == ("0", "1")
 
 
@@ -292,7 +293,7 @@ def test_hub_path_maps_columns_classlabels_and_splits(tmp_path, monkeypatch):
     monkeypatch.setattr(readers, "hub_reachable", lambda timeout=0: False)  # a machine without internet
     cfg = DataConfig(dataset="someone/papers-val", dataset_config="small", text_column="abstract",
                      label_column="category", cache_dir=str(tmp_path / "cache"))
-    corpus = td.load_corpus(cfg)
+    corpus = load_corpus(cfg)
     # Unreachable hub -> the load ran in offline mode (a warm HF cache still works); the flag is restored.
     assert calls == [("someone/papers-val", "small", True)]
     assert datasets.config.HF_HUB_OFFLINE is False
@@ -303,9 +304,9 @@ def test_hub_path_maps_columns_classlabels_and_splits(tmp_path, monkeypatch):
     # No validation split on the hub: a fixed 10% of train is held out, the same every time.
     no_val = DataConfig(dataset="someone/papers", dataset_config=None, text_column="abstract",
                         label_column="category", cache_dir=str(tmp_path / "cache2"))
-    held = td.load_corpus(no_val)
+    held = load_corpus(no_val)
     assert (len(held.train), len(held.validation)) == (36, 4)
-    again = td.load_corpus(DataConfig(**{**no_val.__dict__, "cache_dir": str(tmp_path / "cache3")}))
+    again = load_corpus(DataConfig(**{**no_val.__dict__, "cache_dir": str(tmp_path / "cache3")}))
     np.testing.assert_array_equal(held.validation.ids, again.validation.ids)
 
 
@@ -336,8 +337,8 @@ def test_real_load_dataset_on_a_local_dataset_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
     local = make_dir(tmp_path / "hubdir", ".parquet")
-    corpus = td.load_corpus(DataConfig(dataset=str(local), dataset_config=None, cache_dir=str(tmp_path / "c")))
-    direct = td.load_corpus(cfg_for(tmp_path, local))
+    corpus = load_corpus(DataConfig(dataset=str(local), dataset_config=None, cache_dir=str(tmp_path / "c")))
+    direct = load_corpus(cfg_for(tmp_path, local))
     for split in readers.SPLITS:
         assert docs(corpus.split(split)) == docs(direct.split(split))
     assert corpus.label_names == ("neg", "pos")
@@ -414,7 +415,7 @@ def test_length_buckets_use_raw_lengths_and_default_edges():
 def test_length_buckets_of_a_loaded_corpus_count_tokens_before_truncation(tmp_path):
     long_doc = " ".join(["the"] * 600)
     rows = {"train": [(long_doc, 0), ("the the", 1)], "validation": [("the", 0)], "test": [(long_doc, 1), ("the", 0)]}
-    corpus = td.load_corpus(cfg_for(tmp_path, make_dir(tmp_path / "data", splits=rows), max_len=16))
+    corpus = load_corpus(cfg_for(tmp_path, make_dir(tmp_path / "data", splits=rows), max_len=16))
     assert corpus.test.lengths.tolist() == [16, 1]
     assert corpus.test.raw_lengths.tolist() == [600, 1]
     assert batching.length_bucket_of(corpus.test.raw_lengths, (512, 1024)).tolist() == [1, 0]
