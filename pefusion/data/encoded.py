@@ -2,8 +2,8 @@
 truncation) and `EncodedCorpus` (the three splits with what a model needs to know about them).
 
 A module of its own because every other data layer speaks these types: the cache stores and restores them,
-batching gathers from them, `corpus.load_corpus` builds them, and training reads them. Holding no logic, it
-depends on nothing of pefusion, so none of those layers has to import another to name them.
+batching gathers from them, `corpus.load_corpus` builds them, and training reads them. Holding only data and
+accessors, it depends on nothing of pefusion, so none of those layers has to import another to name them.
 """
 from __future__ import annotations
 
