@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from benchmarks.timing import Side, timed
-from pefusion.data.corpus import find_split_files
+from pefusion.data.readers import find_split_files
 from pefusion.errors import ConfigError
 from pefusion.fusion.config import ModelConfig
 from pefusion.fusion.operators import build_fusion

@@ -50,8 +50,10 @@ from benchmarks.corpus import make_documents
 from benchmarks.notebook_baseline import NotebookModel, notebook_data, notebook_side
 from benchmarks.timing import Side, emit, rounded, timed, train_interleaved
 from pefusion.data.config import DataConfig
-from pefusion.data.corpus import (EncodedCorpus, EncodedSplit, batch_order, iter_batches, load_corpus, load_vocab,
-                                  pad_batch)
+from pefusion.data.encoded import EncodedCorpus, EncodedSplit
+from pefusion.data.batching import batch_order, iter_batches, pad_batch
+from pefusion.data.corpus import load_corpus
+from pefusion.data.cache import load_vocab
 from pefusion.errors import ConfigError
 from pefusion.fusion.config import ATTENTION_PE_TYPES, FUSIONS, PE_TYPES, ModelConfig, TrainConfig
 from pefusion.fusion.training import Trainer

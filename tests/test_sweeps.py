@@ -118,7 +118,7 @@ def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, 
     import mlflow
 
     from pefusion.fusion.trainable import load_checkpoint
-    from pefusion.data.corpus import iter_batches
+    from pefusion.data.batching import iter_batches
 
     result = _sweep(smoke_corpus, smoke_preset, _grid(pe_type=["learned"], fusion=["gate_cnn"], seed=[3]),
                     _options(in_tmp))

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from pefusion.data import synthetic as sc
-from pefusion.data import corpus as td
 from pefusion.data.config import DataConfig
+from pefusion.data.corpus import load_corpus
+from pefusion.data.readers import SPLITS
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +78,11 @@ def test_bag_of_words_classifier_stays_at_chance(corpus):
 def test_written_jsonl_loads_like_the_built_in_source(tmp_path):
     paths = sc.write_synthetic_corpus(tmp_path / "syn", 40, 10, 10, seed=2)
     assert sorted(p.name for p in paths.values()) == ["test.jsonl", "train.jsonl", "validation.jsonl"]
-    from_files = td.load_corpus(DataConfig(data_dir=str(tmp_path / "syn"), max_len=64, cache_dir=str(tmp_path / "c")))
-    built_in = td.load_corpus(DataConfig(synthetic=True, synthetic_train=40, synthetic_val=10, synthetic_test=10,
-                                         synthetic_seed=2, max_len=64, cache_dir=str(tmp_path / "c")))
+    from_files = load_corpus(DataConfig(data_dir=str(tmp_path / "syn"), max_len=64, cache_dir=str(tmp_path / "c")))
+    built_in = load_corpus(DataConfig(synthetic=True, synthetic_train=40, synthetic_val=10, synthetic_test=10,
+                                      synthetic_seed=2, max_len=64, cache_dir=str(tmp_path / "c")))
     assert built_in.name == "synthetic" and built_in.num_classes == sc.NUM_CLASSES
-    for split in td.SPLITS:
+    for split in SPLITS:
         a, b = from_files.split(split), built_in.split(split)
         np.testing.assert_array_equal(a.ids, b.ids)
         np.testing.assert_array_equal(a.labels, b.labels)

@@ -11,10 +11,14 @@ import pandas as pd
 import pytest
 import torch
 
-from pefusion.data import corpus as td
+import pefusion.data.corpus
+from pefusion.data import batching, cache, readers, tokenizer
 from pefusion.data.config import DataConfig
+from pefusion.data.corpus import load_corpus
 from pefusion.record import length_bucket_labels
-from pefusion.data.corpus import PAD_ID, UNK_ID, DataError
+from pefusion.data.encoded import EncodedSplit
+from pefusion.data.readers import DataError
+from pefusion.data.tokenizer import PAD_ID, UNK_ID
 
 # "the" x3, "cat" x2 in train; "dog" once (below min_freq); "zebra" only in test.
 TRAIN = [("The cat sat", "pos"), ("the CAT ran far", "neg"), ("the dog", "pos"), ("   ", "neg")]
@@ -44,7 +48,7 @@ def cfg_for(tmp_path: Path, data_dir: Path, **kw) -> DataConfig:
     return DataConfig(data_dir=str(data_dir), cache_dir=str(tmp_path / "cache"), **kw)
 
 
-def docs(split: td.EncodedSplit) -> list[list[int]]:
+def docs(split: EncodedSplit) -> list[list[int]]:
     return [split.doc(i).tolist() for i in range(len(split))]
 
 
@@ -56,9 +60,9 @@ def docs(split: td.EncodedSplit) -> list[list[int]]:
 @pytest.mark.parametrize("ext,suffix", [(".jsonl", ""), (".jsonl", "_clean"), (".csv", ""), (".parquet", ""),
                                         (".json", "")])
 def test_each_format_loads_with_train_only_vocab_and_string_labels(tmp_path, ext, suffix):
-    corpus = td.load_corpus(cfg_for(tmp_path, make_dir(tmp_path / "data", ext, suffix)))
+    corpus = load_corpus(cfg_for(tmp_path, make_dir(tmp_path / "data", ext, suffix)))
     # specials, then "the" (3), "cat" (2); "sat", "ran", "far", "dog" occur once in train -> not in vocab.
-    vocab = td.load_vocab(corpus, cfg_for(tmp_path, tmp_path / "data"))
+    vocab = cache.load_vocab(corpus, cfg_for(tmp_path, tmp_path / "data"))
     assert vocab == ["<pad>", "<unk>", "the", "cat"]
     assert corpus.vocab_size == 4
     the, cat = 2, 3
@@ -79,7 +83,7 @@ def test_each_format_loads_with_train_only_vocab_and_string_labels(tmp_path, ext
 def test_paper_layout_with_integer_labels_and_custom_columns(tmp_path):
     rows = {s: [(t, i % 3) for i, (t, _) in enumerate(r)] for s, r in SPLITS.items()}
     data = make_dir(tmp_path / "data", ".jsonl", "_clean", splits=rows, text_col="body", label_col="y")
-    corpus = td.load_corpus(cfg_for(tmp_path, data, text_column="body", label_column="y"))
+    corpus = load_corpus(cfg_for(tmp_path, data, text_column="body", label_column="y"))
     assert corpus.train.labels.tolist() == [0, 1, 2]  # the dataset's own integer ids are kept
     assert corpus.num_classes == 3 and corpus.label_names == ("0", "1", "2")
 
@@ -88,7 +92,7 @@ def test_validation_alias_and_hf_style_shards(tmp_path):
     data = tmp_path / "data"
     make_dir(data, ".parquet", splits={"train": TRAIN, "test": TEST})
     write_split(data / "val.csv", VALIDATION)
-    corpus = td.load_corpus(cfg_for(tmp_path, data))
+    corpus = load_corpus(cfg_for(tmp_path, data))
     assert len(corpus.validation) == 2
     shards = tmp_path / "shards"
     shards.mkdir()
@@ -96,15 +100,15 @@ def test_validation_alias_and_hf_style_shards(tmp_path):
     write_split(shards / "train-00001-of-00002.parquet", TRAIN[2:])
     for split in ("validation", "test"):
         write_split(shards / f"{split}-00000-of-00001.parquet", SPLITS[split])
-    sharded = td.load_corpus(cfg_for(tmp_path, shards))
+    sharded = load_corpus(cfg_for(tmp_path, shards))
     assert docs(sharded.train) == docs(corpus.train)
 
 
 def test_build_vocab_order_min_freq_and_max_vocab():
     texts = ["b a c", "a b d", "c e", "a"]  # a:3, b:2, c:2 (b seen first), d:1, e:1
-    assert list(td.build_vocab(texts, min_freq=2)) == ["<pad>", "<unk>", "a", "b", "c"]
-    assert list(td.build_vocab(texts, min_freq=1)) == ["<pad>", "<unk>", "a", "b", "c", "d", "e"]
-    assert list(td.build_vocab(texts, min_freq=1, max_vocab=4)) == ["<pad>", "<unk>", "a", "b"]  # incl. specials
+    assert list(tokenizer.build_vocab(texts, min_freq=2)) == ["<pad>", "<unk>", "a", "b", "c"]
+    assert list(tokenizer.build_vocab(texts, min_freq=1)) == ["<pad>", "<unk>", "a", "b", "c", "d", "e"]
+    assert list(tokenizer.build_vocab(texts, min_freq=1, max_vocab=4)) == ["<pad>", "<unk>", "a", "b"]  # incl. specials
 
 
 def test_training_split_encoding_equals_vocab_then_encode_and_the_counter_definition():
@@ -114,9 +118,9 @@ def test_training_split_encoding_equals_vocab_then_encode_and_the_counter_defini
     texts = [" ".join(rng.choices(words, weights=[1 / (k + 1) for k in range(len(words))], k=rng.randint(1, 60)))
              + rng.choice(["", "\t\n", "  "]) for _ in range(200)]
     for min_freq, max_vocab, max_len in [(2, 50_000, 16), (1, 40, 7), (3, 12, 100)]:
-        vocab, (ids, offsets, raw) = td.encode_training_split(texts, min_freq, max_vocab, max_len)
-        assert vocab == td.build_vocab(texts, min_freq, max_vocab)
-        ref_ids, ref_offsets, ref_raw = td.encode(texts, vocab, max_len)
+        vocab, (ids, offsets, raw) = tokenizer.encode_training_split(texts, min_freq, max_vocab, max_len)
+        assert vocab == tokenizer.build_vocab(texts, min_freq, max_vocab)
+        ref_ids, ref_offsets, ref_raw = tokenizer.encode(texts, vocab, max_len)
         assert ids.dtype == ref_ids.dtype == np.int32
         assert ids.tolist() == ref_ids.tolist() and offsets.tolist() == ref_offsets.tolist()
         assert raw.tolist() == ref_raw.tolist()
@@ -128,15 +132,15 @@ def test_training_split_encoding_equals_vocab_then_encode_and_the_counter_defini
 
 def test_words_spelled_like_special_tokens_never_take_their_ids():
     texts = ["<unk> a <pad> a", "<UNK> b <pad>", "a b"]
-    vocab, (ids, _, _) = td.encode_training_split(texts, 1, 100, 10)
+    vocab, (ids, _, _) = tokenizer.encode_training_split(texts, 1, 100, 10)
     assert vocab == {"<pad>": 0, "<unk>": 1, "a": 2, "b": 3}
     assert ids.tolist() == [1, 2, 1, 2, 1, 3, 1, 2, 3]  # both map to UNK: "<pad>" must not read as padding
-    assert td.encode(texts, vocab, 10)[0].tolist() == ids.tolist()
+    assert tokenizer.encode(texts, vocab, 10)[0].tolist() == ids.tolist()
 
 
 def test_encode_truncates_but_keeps_raw_lengths():
     vocab = {"<pad>": 0, "<unk>": 1, "a": 2, "b": 3}
-    ids, offsets, raw = td.encode(["a b a b a", "B", "c a"], vocab, max_len=3)
+    ids, offsets, raw = tokenizer.encode(["a b a b a", "B", "c a"], vocab, max_len=3)
     assert ids.tolist() == [2, 3, 2, 3, 1, 2]
     assert offsets.tolist() == [0, 3, 4, 6] and raw.tolist() == [5, 1, 2]
     naive = [[vocab.get(w, 1) for w in t.lower().split()][:3] for t in ["a b a b a", "B", "c a"]]
@@ -150,13 +154,13 @@ def test_encode_truncates_but_keeps_raw_lengths():
 
 def test_second_load_reads_the_cache_without_tokenising(tmp_path, monkeypatch):
     cfg = cfg_for(tmp_path, make_dir(tmp_path / "data"))
-    before = td.TOKENISATIONS
-    first = td.load_corpus(cfg)
-    assert td.TOKENISATIONS == before + 1
-    second = td.load_corpus(cfg)
-    assert td.TOKENISATIONS == before + 1  # read from disk, not tokenised again
+    before = pefusion.data.corpus.TOKENISATIONS
+    first = load_corpus(cfg)
+    assert pefusion.data.corpus.TOKENISATIONS == before + 1
+    second = load_corpus(cfg)
+    assert pefusion.data.corpus.TOKENISATIONS == before + 1  # read from disk, not tokenised again
     assert second.cache_key == first.cache_key
-    for split in td.SPLITS:
+    for split in readers.SPLITS:
         a, b = first.split(split), second.split(split)
         for name in ("ids", "offsets", "labels", "raw_lengths"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
@@ -166,30 +170,30 @@ def test_second_load_reads_the_cache_without_tokenising(tmp_path, monkeypatch):
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]  # no temp dir left
     # PEFUSION_CACHE is the default location when cache_dir is not set.
     monkeypatch.setenv("PEFUSION_CACHE", str(tmp_path / "env_cache"))
-    assert td.cache_root(DataConfig()) == tmp_path / "env_cache"
+    assert cache.cache_root(DataConfig()) == tmp_path / "env_cache"
 
 
 def test_cache_key_changes_with_settings_and_files(tmp_path):
     data = make_dir(tmp_path / "data")
-    base = td.cache_key(cfg_for(tmp_path, data))
-    assert td.cache_key(cfg_for(tmp_path, data)) == base
-    assert td.cache_key(cfg_for(tmp_path, data, max_len=7)) != base
-    assert td.cache_key(cfg_for(tmp_path, data, min_freq=1)) != base
-    assert td.cache_key(cfg_for(tmp_path, data, max_vocab=100)) != base
-    assert td.cache_key(cfg_for(tmp_path, data, label_column="y")) != base
+    base = cache.cache_key(cfg_for(tmp_path, data))
+    assert cache.cache_key(cfg_for(tmp_path, data)) == base
+    assert cache.cache_key(cfg_for(tmp_path, data, max_len=7)) != base
+    assert cache.cache_key(cfg_for(tmp_path, data, min_freq=1)) != base
+    assert cache.cache_key(cfg_for(tmp_path, data, max_vocab=100)) != base
+    assert cache.cache_key(cfg_for(tmp_path, data, label_column="y")) != base
     with open(data / "test.jsonl", "a") as f:  # an edited data file is a new corpus
         f.write(json.dumps({"text": "one more", "label": "pos"}) + "\n")
-    assert td.cache_key(cfg_for(tmp_path, data)) != base
+    assert cache.cache_key(cfg_for(tmp_path, data)) != base
     syn = DataConfig(synthetic=True)
-    assert td.cache_key(syn) != td.cache_key(DataConfig(synthetic=True, synthetic_seed=1))
-    assert td.cache_key(DataConfig()) != td.cache_key(DataConfig(dataset_config=None))
+    assert cache.cache_key(syn) != cache.cache_key(DataConfig(synthetic=True, synthetic_seed=1))
+    assert cache.cache_key(DataConfig()) != cache.cache_key(DataConfig(dataset_config=None))
 
 
 def test_racing_cache_writer_keeps_the_first_entry(tmp_path):
     entry = tmp_path / "cache" / "k"
     arrays = {"x": np.arange(3)}
-    td._write_cache(entry, arrays, {"n": 1}, {"<pad>": 0})
-    td._write_cache(entry, {"x": np.arange(5)}, {"n": 2}, {"<pad>": 0})  # the loser of a race: no error
+    cache.write_cache(entry, arrays, {"n": 1}, {"<pad>": 0})
+    cache.write_cache(entry, {"x": np.arange(5)}, {"n": 2}, {"<pad>": 0})  # the loser of a race: no error
     assert json.loads((entry / "meta.json").read_text()) == {"n": 1}
     assert [p.name for p in entry.parent.iterdir()] == ["k"]
 
@@ -201,7 +205,7 @@ def test_racing_cache_writer_keeps_the_first_entry(tmp_path):
 
 def assert_one_line_error(cfg: DataConfig, *fragments: str) -> None:
     with pytest.raises(DataError) as err:
-        td.load_corpus(cfg)
+        load_corpus(cfg)
     message = str(err.value)
     assert "\n" not in message
     for fragment in fragments:
@@ -245,7 +249,7 @@ def test_json_array_file_and_digit_string_labels(tmp_path):
     for split, rows in SPLITS.items():
         records = [{"text": t, "label": str(i % 2)} for i, (t, _) in enumerate(rows)]
         (data / f"{split}.json").write_text(json.dumps(records, indent=1))
-    corpus = td.load_corpus(cfg_for(tmp_path, data))
+    corpus = load_corpus(cfg_for(tmp_path, data))
     assert corpus.train.labels.tolist() == [0, 1, 0] and corpus.label_names == ("0", "1")
 
 
@@ -286,10 +290,10 @@ def test_hub_path_maps_columns_classlabels_and_splits(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # as on a machine configured to go online
-    monkeypatch.setattr(td, "hub_reachable", lambda timeout=0: False)  # a machine without internet
+    monkeypatch.setattr(readers, "hub_reachable", lambda timeout=0: False)  # a machine without internet
     cfg = DataConfig(dataset="someone/papers-val", dataset_config="small", text_column="abstract",
                      label_column="category", cache_dir=str(tmp_path / "cache"))
-    corpus = td.load_corpus(cfg)
+    corpus = load_corpus(cfg)
     # Unreachable hub -> the load ran in offline mode (a warm HF cache still works); the flag is restored.
     assert calls == [("someone/papers-val", "small", True)]
     assert datasets.config.HF_HUB_OFFLINE is False
@@ -300,9 +304,9 @@ def test_hub_path_maps_columns_classlabels_and_splits(tmp_path, monkeypatch):
     # No validation split on the hub: a fixed 10% of train is held out, the same every time.
     no_val = DataConfig(dataset="someone/papers", dataset_config=None, text_column="abstract",
                         label_column="category", cache_dir=str(tmp_path / "cache2"))
-    held = td.load_corpus(no_val)
+    held = load_corpus(no_val)
     assert (len(held.train), len(held.validation)) == (36, 4)
-    again = td.load_corpus(DataConfig(**{**no_val.__dict__, "cache_dir": str(tmp_path / "cache3")}))
+    again = load_corpus(DataConfig(**{**no_val.__dict__, "cache_dir": str(tmp_path / "cache3")}))
     np.testing.assert_array_equal(held.validation.ids, again.validation.ids)
 
 
@@ -333,9 +337,9 @@ def test_real_load_dataset_on_a_local_dataset_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
     local = make_dir(tmp_path / "hubdir", ".parquet")
-    corpus = td.load_corpus(DataConfig(dataset=str(local), dataset_config=None, cache_dir=str(tmp_path / "c")))
-    direct = td.load_corpus(cfg_for(tmp_path, local))
-    for split in td.SPLITS:
+    corpus = load_corpus(DataConfig(dataset=str(local), dataset_config=None, cache_dir=str(tmp_path / "c")))
+    direct = load_corpus(cfg_for(tmp_path, local))
+    for split in readers.SPLITS:
         assert docs(corpus.split(split)) == docs(direct.split(split))
     assert corpus.label_names == ("neg", "pos")
 
@@ -345,19 +349,19 @@ def test_real_load_dataset_on_a_local_dataset_directory(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def varied_split(n: int = 700, max_len: int = 256, seed: int = 0) -> td.EncodedSplit:
+def varied_split(n: int = 700, max_len: int = 256, seed: int = 0) -> EncodedSplit:
     rng = np.random.default_rng(seed)
     raw = np.rint(np.exp(rng.uniform(np.log(3), np.log(2 * max_len), n))).astype(np.int64)
     lengths = np.minimum(raw, max_len)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     ids = rng.integers(1, 500, size=int(offsets[-1])).astype(np.int32)
-    return td.EncodedSplit(ids, offsets, rng.integers(0, 3, n), raw)
+    return EncodedSplit(ids, offsets, rng.integers(0, 3, n), raw)
 
 
 def test_iter_batches_rows_are_docs_then_padding():
     split = varied_split()
     seen = []
-    for batch in td.iter_batches(split, 32, shuffle=True, seed=3, epoch=1):
+    for batch in batching.iter_batches(split, 32, shuffle=True, seed=3, epoch=1):
         assert batch.tokens.dtype == torch.int64 and batch.labels.dtype == torch.int64
         lengths = split.lengths[batch.index.numpy()]
         assert batch.tokens.shape == (len(batch.index), lengths.max())  # T = longest doc of the batch
@@ -373,7 +377,7 @@ def test_iter_batches_order_is_deterministic_per_seed_and_epoch():
     split = varied_split()
 
     def order(**kw):
-        return np.concatenate([b.index.numpy() for b in td.iter_batches(split, 16, **kw)])
+        return np.concatenate([b.index.numpy() for b in batching.iter_batches(split, 16, **kw)])
 
     np.testing.assert_array_equal(order(shuffle=True, seed=1, epoch=2), order(shuffle=True, seed=1, epoch=2))
     assert not np.array_equal(order(shuffle=True, seed=1, epoch=2), order(shuffle=True, seed=1, epoch=3))
@@ -387,32 +391,32 @@ def test_length_bucketing_pads_far_less_than_max_len():
     split, max_len = varied_split(max_len=256), 256
     real = int(split.lengths.sum())
     for shuffle in (True, False):
-        cells = sum(b.tokens.numel() for b in td.iter_batches(split, 32, shuffle=shuffle, seed=0))
+        cells = sum(b.tokens.numel() for b in batching.iter_batches(split, 32, shuffle=shuffle, seed=0))
         padding = 1 - real / cells
         padding_to_max_len = 1 - real / (len(split) * max_len)
         assert padding_to_max_len > 0.5
         assert padding < 0.1, (shuffle, padding)  # sorted within chunks of 50 batches
-    assert list(td.iter_batches(split, 10_000, shuffle=False))[0].tokens.shape == (len(split), max_len)
+    assert list(batching.iter_batches(split, 10_000, shuffle=False))[0].tokens.shape == (len(split), max_len)
 
 
 def test_empty_split_yields_no_batches():
-    empty = td.EncodedSplit(np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0, np.int64),
-                            np.zeros(0, np.int64))
-    assert list(td.iter_batches(empty, 8, shuffle=True)) == []
+    empty = EncodedSplit(np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0, np.int64),
+                         np.zeros(0, np.int64))
+    assert list(batching.iter_batches(empty, 8, shuffle=True)) == []
 
 
 def test_length_buckets_use_raw_lengths_and_default_edges():
     edges = DataConfig().length_edges
     assert length_bucket_labels(edges) == ["le512", "le1024", "le2048", "le4096", "gt4096"]
     raw = np.array([1, 512, 513, 1024, 1025, 2048, 4096, 4097, 100_000])
-    assert td.length_bucket_of(raw, edges).tolist() == [0, 0, 1, 1, 2, 2, 3, 4, 4]
+    assert batching.length_bucket_of(raw, edges).tolist() == [0, 0, 1, 1, 2, 2, 3, 4, 4]
 
 
 def test_length_buckets_of_a_loaded_corpus_count_tokens_before_truncation(tmp_path):
     long_doc = " ".join(["the"] * 600)
     rows = {"train": [(long_doc, 0), ("the the", 1)], "validation": [("the", 0)], "test": [(long_doc, 1), ("the", 0)]}
-    corpus = td.load_corpus(cfg_for(tmp_path, make_dir(tmp_path / "data", splits=rows), max_len=16))
+    corpus = load_corpus(cfg_for(tmp_path, make_dir(tmp_path / "data", splits=rows), max_len=16))
     assert corpus.test.lengths.tolist() == [16, 1]
     assert corpus.test.raw_lengths.tolist() == [600, 1]
-    assert td.length_bucket_of(corpus.test.raw_lengths, (512, 1024)).tolist() == [1, 0]
+    assert batching.length_bucket_of(corpus.test.raw_lengths, (512, 1024)).tolist() == [1, 0]
     assert corpus.meta["truncated"]["test"] == 1

@@ -12,7 +12,8 @@ import pandas as pd
 
 from pefusion import record as R
 from pefusion.cli.flags import search_space_path, sweep_options
-from pefusion.data.corpus import EncodedCorpus, load_corpus
+from pefusion.data.encoded import EncodedCorpus
+from pefusion.data.corpus import load_corpus
 from pefusion.errors import ConfigError
 from pefusion.fusion.config import (PRESETS, RULES, Preset, check_pe_fusion_pairs, flat_config, smoke_budget)
 from pefusion.fusion.trainable import check_trial_config, pefusion_trainable, trial_run_name

@@ -22,7 +22,7 @@ from pefusion import record as R
 from pefusion.errors import ConfigError
 from pefusion.fusion.config import ModelConfig, Preset, split_trial_config
 from pefusion.fusion.model import build_model_from_config
-from pefusion.data.corpus import EncodedCorpus
+from pefusion.data.encoded import EncodedCorpus
 from pefusion.fusion.training import Diverged, Trainer
 
 TRAINER_STATE = "trainer.pt"

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from pefusion import record as R
 from pefusion.fusion.config import ModelConfig, TrainConfig, flat_config
 from pefusion.fusion.model import build_model_from_config
-from pefusion.data.corpus import EncodedCorpus, EncodedSplit, iter_batches, length_bucket_of
+from pefusion.data.batching import iter_batches, length_bucket_of
+from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 
 
 class Diverged(RuntimeError):

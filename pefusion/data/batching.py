@@ -1,0 +1,79 @@
+"""Length-bucketed batches of an encoded split, and the length bucket of each document.
+
+An epoch gathers token ids into batches of documents of similar length, padded to the longest document of the
+batch (the paper's notebook padded every document to 4096). This is all the data work done per epoch of every
+trial, on an already encoded split, so it needs nothing of sources, vocabulary or cache.
+"""
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from pefusion.errors import ConfigError
+from pefusion.data.encoded import EncodedSplit
+
+BATCHES_PER_SORT_CHUNK = 50  # "sort within mega-batches": docs are length-sorted inside chunks of 50 batches
+
+
+class Batch(NamedTuple):
+    tokens: torch.Tensor  # (B, T) int64, 0-padded; T = longest document of this batch
+    labels: torch.Tensor  # (B,) int64
+    index: torch.Tensor  # (B,) int64 positions of these documents in the split
+
+
+def batch_order(lengths: np.ndarray, batch_size: int, *, shuffle: bool, seed: int = 0,
+                epoch: int = 0) -> list[np.ndarray]:
+    """Document indices of each batch. shuffle=False: all documents sorted by length (the least padding;
+    deterministic). shuffle=True: a random permutation cut into chunks of BATCHES_PER_SORT_CHUNK batches,
+    each chunk sorted by length and cut into batches, then the batch order shuffled — deterministic for
+    (seed, epoch)."""
+    n = len(lengths)
+    if not shuffle:
+        order = np.argsort(lengths, kind="stable")
+        return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+    rng = np.random.default_rng([seed, epoch])
+    perm = rng.permutation(n)
+    chunk = batch_size * BATCHES_PER_SORT_CHUNK
+    batches = []
+    for start in range(0, n, chunk):
+        part = perm[start:start + chunk]
+        part = part[np.argsort(lengths[part], kind="stable")]
+        batches += [part[i:i + batch_size] for i in range(0, len(part), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def pad_batch(split: EncodedSplit, index: np.ndarray) -> np.ndarray:
+    """Documents `index` of `split` as a 0-padded (B, T) int64 array, T = the longest of them: one gather."""
+    starts = split.offsets[index]  # (B,)
+    lens = split.offsets[index + 1] - starts  # (B,)
+    width = int(lens.max()) if len(lens) else 0
+    cols = np.arange(width)
+    mask = cols < lens[:, None]  # (B, T)
+    out = np.zeros((len(index), width), dtype=np.int64)
+    out[mask] = split.ids[(starts[:, None] + cols)[mask]]
+    return out
+
+
+def iter_batches(split: EncodedSplit, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
+                 device: torch.device | None = None) -> Iterator[Batch]:
+    """Length-bucketed batches covering every document of `split` exactly once (see `batch_order`). Padding
+    to the batch's longest document changes nothing the model computes for a document, given the key-padding
+    mask and pooling over non-pad positions; it only removes work."""
+    if batch_size <= 0:
+        raise ConfigError(f"batch_size={batch_size} is out of range; it must be > 0")
+    lengths = split.lengths
+    for index in batch_order(lengths, batch_size, shuffle=shuffle, seed=seed, epoch=epoch):
+        tokens = torch.from_numpy(pad_batch(split, index))
+        labels = torch.from_numpy(split.labels[index])
+        idx = torch.from_numpy(index.astype(np.int64, copy=False))
+        if device is not None:
+            tokens, labels, idx = tokens.to(device), labels.to(device), idx.to(device)
+        yield Batch(tokens, labels, idx)
+
+
+def length_bucket_of(raw_lengths: np.ndarray, edges: Sequence[int]) -> np.ndarray:
+    """Bucket id of each document by its length before truncation: bucket i holds edges[i-1] < n <= edges[i],
+    the last one n > edges[-1], matching `record.length_bucket_labels(edges)`. (N,) int64"""
+    return np.searchsorted(np.asarray(edges), np.asarray(raw_lengths), side="left").astype(np.int64)

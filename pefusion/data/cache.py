@@ -1,0 +1,95 @@
+"""The on-disk token-id cache: one directory per encoded corpus (arrays.npz, meta.json, vocab.txt) under
+`cache_root`, named by `cache_key`.
+
+So that a corpus is tokenised once, not once per run or per trial. The key hashes everything the ids depend on
+(the source's identity, for local files their paths, sizes and modification times; the tokeniser settings;
+max_len; FORMAT_VERSION), so an edited file or a changed setting finds no entry instead of a stale one. An entry
+appears atomically, so runs that race on one corpus never read a half-written entry.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pefusion.data.config import DataConfig
+from pefusion.data.encoded import EncodedCorpus, EncodedSplit
+from pefusion.data.readers import HUB_VALIDATION_FRACTION, SPLITS, find_split_files
+from pefusion.data.tokenizer import TOKENIZER_NAME
+
+# Bump when the cache layout or the meaning of cached arrays changes: old entries are then simply not found.
+FORMAT_VERSION = 1
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    return Path(cfg.cache_dir or os.environ.get("PEFUSION_CACHE") or Path.home() / ".cache" / "pefusion").expanduser()
+
+
+def source_identity(cfg: DataConfig) -> dict[str, Any]:
+    """What the cached ids depend on besides the tokeniser: which documents, from where, in which columns."""
+    if cfg.synthetic:
+        from pefusion.data import synthetic as synthetic_corpus
+
+        return {"kind": "synthetic", "generator": synthetic_corpus.GENERATOR_VERSION,
+                "settings": synthetic_corpus.default_settings(),
+                "sizes": [cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_test], "seed": cfg.synthetic_seed}
+    columns = [cfg.text_column, cfg.label_column]
+    if cfg.data_dir:
+        files = find_split_files(Path(cfg.data_dir))
+        stamp = []
+        for split, paths in files.items():
+            for p in paths:
+                st = p.stat()
+                stamp.append([split, str(p.resolve()), st.st_size, st.st_mtime_ns])
+        return {"kind": "local", "files": stamp, "columns": columns}
+    return {"kind": "hub", "dataset": cfg.dataset, "config": cfg.dataset_config, "columns": columns,
+            "validation_fraction": HUB_VALIDATION_FRACTION}
+
+
+def cache_key(cfg: DataConfig) -> str:
+    """Hash of the source identity + tokeniser settings + max_len + format version."""
+    payload = {"source": source_identity(cfg), "tokenizer": TOKENIZER_NAME, "min_freq": cfg.min_freq,
+               "max_vocab": cfg.max_vocab, "max_len": cfg.max_len, "format": FORMAT_VERSION}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def write_cache(entry: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any], vocab: dict[str, int]) -> None:
+    """Write into a private temporary directory, then rename it into place: a directory rename is atomic, so a
+    reader sees a complete entry or none, and of two racing writers the loser just discards its copy."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+    try:
+        np.savez(tmp / "arrays.npz", **arrays)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        # Words never contain whitespace (they come from str.split), so one per line is unambiguous.
+        (tmp / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a cache on a shared filesystem serves other users too
+        try:
+            os.rename(tmp, entry)
+        except OSError:
+            if not (entry / "meta.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_cache(entry: Path) -> tuple[dict[str, EncodedSplit], dict[str, Any]] | None:
+    """The splits and meta of the cache entry `entry`; None when there is no (complete) entry."""
+    if not (entry / "meta.json").exists():
+        return None
+    meta = json.loads((entry / "meta.json").read_text())
+    with np.load(entry / "arrays.npz") as z:
+        splits = {s: EncodedSplit(z[f"{s}_ids"], z[f"{s}_offsets"], z[f"{s}_labels"], z[f"{s}_raw_lengths"])
+                  for s in SPLITS}
+    return splits, meta
+
+
+def load_vocab(corpus: EncodedCorpus, cfg: DataConfig) -> list[str]:
+    """The cached vocabulary, word per id (for decoding or inspecting a corpus)."""
+    return (cache_root(cfg) / corpus.cache_key / "vocab.txt").read_text(encoding="utf-8").splitlines()

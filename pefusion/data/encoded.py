@@ -1,0 +1,51 @@
+"""The encoded corpus as numpy arrays: `EncodedSplit` (one split: token ids with offsets, labels, lengths before
+truncation) and `EncodedCorpus` (the three splits with what a model needs to know about them).
+
+A module of its own because every other data layer speaks these types: the cache stores and restores them,
+batching gathers from them, `corpus.load_corpus` builds them, and training reads them. Holding only data and
+accessors, it depends on nothing of pefusion, so none of those layers has to import another to name them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class EncodedSplit:
+    """One split as flat numpy arrays: document i is `ids[offsets[i]:offsets[i+1]]`."""
+
+    ids: np.ndarray  # int32 (total_tokens,) every document truncated to max_len
+    offsets: np.ndarray  # int64 (N+1,)
+    labels: np.ndarray  # int64 (N,)
+    raw_lengths: np.ndarray  # int64 (N,) tokens before truncation, for the length buckets
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens kept per document, after truncation. (N,)"""
+        return np.diff(self.offsets)
+
+    def doc(self, i: int) -> np.ndarray:
+        return self.ids[self.offsets[i]:self.offsets[i + 1]]
+
+
+@dataclass
+class EncodedCorpus:
+    train: EncodedSplit
+    validation: EncodedSplit
+    test: EncodedSplit
+    vocab_size: int
+    num_classes: int
+    max_len: int
+    name: str  # DataConfig.source_name, recorded as the `dataset` param
+    cache_key: str
+    label_names: tuple[str, ...] = ()  # label_names[i] is the original label of class id i
+    meta: dict[str, Any] = field(default_factory=dict)  # the cache's meta.json: counts, dropped docs, source
+
+    def split(self, name: str) -> EncodedSplit:
+        return getattr(self, name)

@@ -1,0 +1,318 @@
+"""Sources to raw splits: the documents and labels of each split, and the labels as class ids.
+
+Sources, in the order `DataConfig` picks them: the bundled synthetic corpus, a local directory of
+train/validation/test JSONL/CSV/Parquet files, or a Hugging Face hub dataset (`datasets.load_dataset`; the hub is
+probed first, so that a machine without internet reads the local Hugging Face cache at once instead of waiting
+out the client's retries). Each gives texts and labels per split, documents without text dropped (`RawSplit`);
+`map_labels` turns the labels into class ids. This is the code that meets what the user supplied, so it raises
+nearly every `DataError` (a data problem the user can fix, in one line), and that error is defined here.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import socket
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from pefusion.errors import ConfigError
+from pefusion.data.config import DataConfig
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation", "test")
+# File-name prefixes (local directories) and split names (hub datasets) accepted for each split.
+SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
+FILE_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+# A hub dataset without a validation split (ag_news, imdb) gets this fraction of train, drawn with a fixed seed.
+HUB_VALIDATION_FRACTION = 0.1
+HUB_PROBE_TIMEOUT_S = 3.0
+
+SUPPLY_HINT = (
+    "supply data in one of three ways: --data-dir DIR with train/validation/test JSONL, CSV or Parquet files "
+    "(text and label columns), the hub dataset name with internet access or a warm Hugging Face cache, "
+    "or --preset demo (the bundled synthetic corpus)"
+)
+
+
+class DataError(ConfigError):
+    """A user-caused data problem (missing dataset, malformed file, missing column), in one line."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sources -> raw splits
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RawSplit:
+    texts: list[str]
+    labels: list[Any]
+    origin: str  # file path(s) or hub split, for error messages
+    dropped_empty: int = 0
+
+
+def _clean(texts: Sequence[Any], labels: Sequence[Any], origin: str) -> RawSplit:
+    """Drop documents whose text is missing or only whitespace (the paper's filter), counting them."""
+    keep_t, keep_l = [], []
+    for t, y in zip(texts, labels):
+        if t is None or (isinstance(t, float) and math.isnan(t)):
+            continue
+        t = t if isinstance(t, str) else str(t)
+        if t.strip():
+            keep_t.append(t)
+            keep_l.append(y)
+    return RawSplit(keep_t, keep_l, origin, dropped_empty=len(texts) - len(keep_t))
+
+
+def _json_line(path: Path, n: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: line {n} is not valid JSON ({e.msg})") from None
+
+
+def _read_jsonl(path: Path, text_col: str, label_col: str) -> tuple[list, list]:
+    """JSON lines; a .json file holding one array of records is read too."""
+    texts, labels = [], []
+    with open(path, encoding="utf-8-sig") as f:
+        head = f.read(64).lstrip()[:1]
+        f.seek(0)
+        if head == "[":
+            try:
+                rows = enumerate(json.load(f), start=1)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        else:
+            rows = ((n, _json_line(path, n, line)) for n, line in enumerate(f, start=1) if line.strip())
+        for n, row in rows:
+            if not isinstance(row, dict):
+                raise DataError(f"{path}: record {n} is not a JSON object with {text_col!r} and {label_col!r}")
+            for col in (text_col, label_col):
+                if col not in row:
+                    raise DataError(f"{path}: record {n} has no column {col!r} (columns: {', '.join(row)})")
+            texts.append(row[text_col])
+            labels.append(row[label_col])
+    return texts, labels
+
+
+def _read_table(path: Path, fmt: str, text_col: str, label_col: str) -> tuple[list, list]:
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    try:
+        if fmt == "csv":
+            # keep_default_na=False: a text "NA" or "null" is a word, not a missing value.
+            frame = pd.read_csv(path, dtype={text_col: str}, keep_default_na=False)
+        else:
+            columns = pq.read_schema(path).names
+            missing = [c for c in (text_col, label_col) if c not in columns]
+            if missing:
+                raise DataError(f"{path}: no column {missing[0]!r} (columns: {', '.join(columns)})")
+            frame = pd.read_parquet(path, columns=[text_col, label_col])
+    except DataError:
+        raise
+    except Exception as e:  # pandas/pyarrow raise many types for a malformed file
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"{path}: cannot read as {fmt.upper()} ({reason})") from None
+    for col in (text_col, label_col):
+        if col not in frame.columns:
+            raise DataError(f"{path}: no column {col!r} (columns: {', '.join(map(str, frame.columns))})")
+    return frame[text_col].tolist(), frame[label_col].tolist()
+
+
+def find_split_files(data_dir: Path) -> dict[str, list[Path]]:
+    """The file(s) of each split in `data_dir`, found by name prefix: train.jsonl, train_clean.jsonl,
+    validation.csv, val.parquet, test-00000-of-00002.parquet (shards are concatenated in name order)."""
+    if not data_dir.is_dir():
+        raise DataError(f"data directory {str(data_dir)!r} does not exist; {SUPPLY_HINT}")
+    found: dict[str, list[Path]] = {}
+    for split, aliases in SPLIT_ALIASES.items():
+        pattern = re.compile(rf"^({'|'.join(aliases)})([._-].*)?$", re.IGNORECASE)
+        files = sorted(p for p in data_dir.iterdir()
+                       if p.is_file() and p.suffix.lower() in FILE_FORMATS and pattern.match(p.stem))
+        if not files:
+            raise DataError(f"no {split} file in {data_dir} (expected e.g. {split}.jsonl, {split}_clean.jsonl, "
+                            f"{split}.csv or {split}.parquet)")
+        shards = all(re.search(r"-\d+-of-\d+$", p.stem) for p in files)
+        if len(files) > 1 and not shards:
+            raise DataError(f"several {split} files in {data_dir}: {', '.join(p.name for p in files)}; "
+                            f"keep only one")
+        found[split] = files
+    return found
+
+
+def _read_local(cfg: DataConfig, files: dict[str, list[Path]]) -> dict[str, RawSplit]:
+    raw = {}
+    for split, paths in files.items():
+        texts, labels = [], []
+        for path in paths:
+            fmt = FILE_FORMATS[path.suffix.lower()]
+            if fmt == "jsonl":
+                t, y = _read_jsonl(path, cfg.text_column, cfg.label_column)
+            else:
+                t, y = _read_table(path, fmt, cfg.text_column, cfg.label_column)
+            texts += t
+            labels += y
+        raw[split] = _clean(texts, labels, ", ".join(map(str, paths)))
+    return raw
+
+
+def _read_synthetic(cfg: DataConfig) -> dict[str, RawSplit]:
+    from pefusion.data.synthetic import generate_synthetic_corpus
+
+    corpus = generate_synthetic_corpus(cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_test,
+                                       seed=cfg.synthetic_seed)
+    return {split: _clean([d["text"] for d in docs], [d["label"] for d in docs], f"synthetic:{split}")
+            for split, docs in corpus.items()}
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def hub_offline() -> bool:
+    """True when the user asked the Hugging Face libraries not to touch the network."""
+    return _env_true("HF_HUB_OFFLINE") or _env_true("HF_DATASETS_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
+    """One TCP connect to the hub endpoint. Behind a firewall that drops packets, the hub client would wait
+    out its timeouts and retries request by request; this probe fails in `timeout` seconds instead."""
+    from huggingface_hub import constants
+
+    url = urllib.parse.urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _forced_offline():
+    """What HF_HUB_OFFLINE=1 does, for one call: read the local Hugging Face cache, never the network.
+    The libraries read the variable once at import, so their module flags are patched for the call."""
+    import datasets
+    from huggingface_hub import constants
+
+    saved = constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
+
+
+def _read_hub(cfg: DataConfig) -> tuple[dict[str, RawSplit], tuple[str, ...] | None]:
+    """Splits of the hub dataset `cfg.dataset`, plus its ClassLabel names when the label column has them."""
+    import datasets
+
+    where = f"dataset {cfg.dataset!r}" + (f" (config {cfg.dataset_config!r})" if cfg.dataset_config else "")
+    offline = hub_offline() or (not Path(cfg.dataset).exists() and not hub_reachable())
+    try:
+        with _forced_offline() if offline else contextlib.nullcontext():
+            dsd = datasets.load_dataset(cfg.dataset, cfg.dataset_config)
+    except Exception as e:  # offline + not cached, unknown name, bad config, gated repo: all one message
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        state = "offline (no internet or HF_HUB_OFFLINE set) and " if offline else ""
+        raise DataError(f"cannot load {where} from the Hugging Face hub: {state}{type(e).__name__}: "
+                        f"{reason}; {SUPPLY_HINT}") from e
+
+    names = {}
+    for split, aliases in SPLIT_ALIASES.items():
+        names[split] = next((a for a in aliases if a in dsd), None)
+    if names["train"] is None or names["test"] is None:
+        raise DataError(f"{where} has splits {', '.join(dsd)}; it needs train and test (and optionally validation)")
+    parts = {split: dsd[name] for split, name in names.items() if name is not None}
+    if names["validation"] is None:
+        # Fixed seed: every trial and every later run sees the same held-out documents.
+        held = parts["train"].train_test_split(test_size=HUB_VALIDATION_FRACTION, seed=0, shuffle=True)
+        parts["train"], parts["validation"] = held["train"], held["test"]
+        log.info("%s has no validation split: holding out %.0f%% of train with seed 0", where,
+                 100 * HUB_VALIDATION_FRACTION)
+
+    raw = {}
+    for split, part in parts.items():
+        for col in (cfg.text_column, cfg.label_column):
+            if col not in part.column_names:
+                raise DataError(f"{where} split {split!r} has no column {col!r} "
+                                f"(columns: {', '.join(part.column_names)}); set text_column/label_column")
+        table = part.with_format("arrow")[:]  # an arrow table (with any held-out split applied): no row access
+        raw[split] = _clean(table.column(cfg.text_column).to_pylist(), table.column(cfg.label_column).to_pylist(),
+                            f"{where} split {names[split] or 'train'!r}")
+    feature = parts["train"].features[cfg.label_column]
+    label_names = tuple(feature.names) if isinstance(feature, datasets.ClassLabel) else None
+    return raw, label_names
+
+
+def read_source(cfg: DataConfig) -> tuple[dict[str, RawSplit], tuple[str, ...] | None]:
+    """The raw splits of the source `cfg` names, plus the class names when the source has them (a hub
+    ClassLabel column)."""
+    if cfg.synthetic:
+        return _read_synthetic(cfg), None
+    if cfg.data_dir:
+        return _read_local(cfg, find_split_files(Path(cfg.data_dir))), None
+    return _read_hub(cfg)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Labels
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _is_missing(y: Any) -> bool:
+    return y is None or (isinstance(y, float) and math.isnan(y)) or (isinstance(y, str) and not y.strip())
+
+
+def _as_int(y: Any) -> int | None:
+    if isinstance(y, (bool, np.bool_)):
+        return None
+    if isinstance(y, (int, np.integer)):
+        return int(y)
+    if isinstance(y, (float, np.floating)) and float(y).is_integer():
+        return int(y)
+    if isinstance(y, str) and re.fullmatch(r"\s*-?\d+\s*", y):
+        return int(y)
+    return None
+
+
+def map_labels(raw: dict[str, RawSplit], label_col: str,
+               class_names: tuple[str, ...] | None = None) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+    """Labels -> class ids. Integer labels (also "3" or 3.0) are kept as the dataset's own ids; any other labels
+    are mapped by the sorted unique TRAINING labels. Returns the id arrays and the name of each class id."""
+    for r in raw.values():
+        if any(map(_is_missing, r.labels)):
+            raise DataError(f"{r.origin}: column {label_col!r} has missing values")
+    as_ints = {split: [_as_int(y) for y in r.labels] for split, r in raw.items()}
+    if all(v is not None for ints in as_ints.values() for v in ints):
+        ids = {split: np.asarray(ints, dtype=np.int64) for split, ints in as_ints.items()}
+        for split, arr in ids.items():
+            if arr.size and arr.min() < 0:
+                raise DataError(f"{raw[split].origin}: column {label_col!r} has a negative label {arr.min()}")
+        n = 1 + max(int(arr.max(initial=-1)) for arr in ids.values())
+        unused = sorted(set(range(n)) - set(ids["train"].tolist()))
+        if unused:
+            log.warning("%s: integer labels are kept as class ids, and ids %s never occur in the training split",
+                        raw["train"].origin, unused[:10])
+        names = class_names if class_names and len(class_names) >= n else tuple(str(i) for i in range(n))
+        return ids, names
+    names = tuple(sorted({str(y) for y in raw["train"].labels}))
+    index = {name: i for i, name in enumerate(names)}
+    ids = {}
+    for split, r in raw.items():
+        try:
+            ids[split] = np.fromiter((index[str(y)] for y in r.labels), dtype=np.int64, count=len(r.labels))
+        except KeyError as e:
+            raise DataError(f"{r.origin}: label {e.args[0]!r} in column {label_col!r} never occurs in the "
+                            f"training split") from None
+    return ids, names
