@@ -31,8 +31,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from pefusion.student import model as S
-from pefusion.student.model import StudentConfig
+from pefusion.student import config as C, model as S
+from pefusion.student.config import StudentConfig
 from pefusion.student.cv import DEFAULT_FOLDS, DEFAULT_LAM_GRID, cv_replicas
 
 
@@ -59,7 +59,7 @@ def teacher_loop_seed_work(n: int, d: int, sigma: float, omega: float, q_star: t
 
     gram_per_sample=True does the course notebook's per-sample work: Q*Q*ᵀ (d × d) formed for every sample, the
     bilinear forms through it, the scale as a fresh tensor, A rebuilt from a Python function."""
-    L, A_rows = 2, S.TEACHER_A["default"]
+    L, A_rows = 2, C.TEACHER_A["default"]
     z_all, y_all = torch.zeros(n, L, d), torch.zeros(n, L, d)
     for mu in range(n):
         torch.manual_seed(seed + mu)  # the notebook re-seeded the global generator for every sample

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from pefusion import record as R
-from pefusion.student import model as S
 from pefusion.errors import ConfigError
-from pefusion.student.model import StudentConfig
+from pefusion.student import config as C, model as S
+from pefusion.student.config import StudentConfig
 from pefusion.student.cv import kfold_masks, reproduction_report, run_cv_point
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +170,7 @@ def test_batched_fit_equals_fits_one_by_one(optim, dtype, rtol, monkeypatch):
     also when the step groups the samples by fold and skips each student's held-out ones (small blocks)."""
     cfg = StudentConfig(d=60, alpha=1.5, seed=2, init="random", dtype=dtype)
     data = S.point_data(cfg)
-    inits = [S.initial_q(init, data.q_star, cfg.seed) for init in S.INITS]
+    inits = [S.initial_q(init, data.q_star, cfg.seed) for init in C.INITS]
     q0 = torch.stack(inits + inits)  # 6 replicas: 3 inits × 2 λ, with different fold masks
     lam = torch.tensor([1e-3, 1e-3, 1e-3, 0.1, 0.1, 0.1])
     weights = kfold_masks(cfg.n, 6, seed=0).float()

@@ -24,8 +24,8 @@ import torch
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.student.model import (REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, StudentConfig,
-                                    attention_errors, config_record, fit_linear, fit_students, initial_q, point_data,
+from pefusion.student.config import REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, StudentConfig
+from pefusion.student.model import (attention_errors, config_record, fit_linear, fit_students, initial_q, point_data,
                                     point_metrics, rng)
 
 DEFAULT_FOLDS = 5

@@ -23,7 +23,7 @@ from ray import tune
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.student.model import StudentConfig
+from pefusion.student.config import StudentConfig
 from pefusion.student.cv import run_cv_point, run_phase_point
 from pefusion.sweep.driver import SweepOptions, result_rows, run_tune
 
