@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from pefusion.student import config as C, model as S
+from pefusion.student import config as C, model as S, point as P
 from pefusion.student.config import StudentConfig
 from pefusion.student.cv import DEFAULT_FOLDS, DEFAULT_LAM_GRID, cv_replicas
 
@@ -167,7 +167,7 @@ def bench_fit(d: int, alpha: float, iters: int, naive_iters: int) -> None:
         q_fast_cmp = q_fast
     rel = float((q_fast_cmp - q_naive).norm() / q_naive.norm())
     stats64 = S.sample_stats(z, y, torch.float64)
-    eps = [float(S.training_losses(stats64, q[None].double(), torch.tensor([cfg.lam]))[0])
+    eps = [float(P.training_losses(stats64, q[None].double(), torch.tensor([cfg.lam]))[0])
            for q in (q_fast_cmp, q_naive)]
     emit({"bench": "fit_5000_gd", "d": d, "alpha": alpha, "n": cfg.n, "iters": iters,
           "fast_cpu_s": fast_cpu, "fast_wall_s": fast_wall,

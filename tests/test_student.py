@@ -17,7 +17,7 @@ import torch
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.student import config as C, model as S
+from pefusion.student import config as C, model as S, point as P
 from pefusion.student.config import StudentConfig
 from pefusion.student.cv import kfold_masks, reproduction_report, run_cv_point
 
@@ -302,7 +302,7 @@ def test_cv_point_refit_equals_a_direct_fit_at_lambda_star():
     means = [row[R.CV_ERROR_MEAN] for row in curve]
     assert res[R.LAMBDA_STAR] == grid[means.index(min(means))]
     assert all(row[R.CV_ERROR_STD] >= 0 for row in curve)
-    direct = S.fit_point(StudentConfig(**{**point.__dict__, "lam": res[R.LAMBDA_STAR]}))
+    direct = P.fit_point(StudentConfig(**{**point.__dict__, "lam": res[R.LAMBDA_STAR]}))
     for key in (R.EPS_G, R.EPS_T, R.M, R.THETA, R.EPS_LIN):
         assert res[key] == pytest.approx(direct[key], rel=1e-4), key
     # λ = 10 over-regularises: its validation error is the worst of the grid
