@@ -25,7 +25,8 @@ import torch
 from pefusion import record as R
 from pefusion.errors import ConfigError
 from pefusion.student.config import REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, StudentConfig
-from pefusion.student.model import attention_errors, fit_linear, fit_students, initial_q, point_data, rng
+from pefusion.student.fit import fit_linear, fit_students, initial_q
+from pefusion.student.model import attention_errors, point_data, rng
 from pefusion.student.point import config_record, point_metrics
 
 DEFAULT_FOLDS = 5

@@ -16,8 +16,8 @@ import torch
 
 from pefusion import record as R
 from pefusion.student.config import StudentConfig
-from pefusion.student.model import (PointData, SampleStats, attention_errors, fit_linear, fit_students, initial_q,
-                                    point_data, test_errors)
+from pefusion.student.fit import fit_linear, fit_students, initial_q
+from pefusion.student.model import PointData, SampleStats, attention_errors, point_data, test_errors
 
 
 def overlaps(Q: torch.Tensor, q_star: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
