@@ -27,9 +27,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.timing import emit, timed
-from pefusion.student import model as S
+from pefusion.student import config as C, fit as F, model as S, point as P
 from pefusion.student.cv import DEFAULT_FOLDS, DEFAULT_LAM_GRID, cv_replicas
-from pefusion.student.model import StudentConfig
+from pefusion.student.config import StudentConfig
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ def teacher_loop_seed_work(n: int, d: int, sigma: float, omega: float, q_star: t
 
     gram_per_sample=True does the course notebook's per-sample work: Q*Q*ᵀ (d × d) formed for every sample, the
     bilinear forms through it, the scale as a fresh tensor, A rebuilt from a Python function."""
-    L, A_rows = 2, S.TEACHER_A["default"]
+    L, A_rows = 2, C.TEACHER_A["default"]
     z_all, y_all = torch.zeros(n, L, d), torch.zeros(n, L, d)
     for mu in range(n):
         torch.manual_seed(seed + mu)  # the notebook re-seeded the global generator for every sample
@@ -136,23 +136,23 @@ def bench_fit(d: int, alpha: float, iters: int, naive_iters: int) -> None:
     q_star = S.draw_q_star(d, 1, cfg.seed)
     z = S.sample_tokens(cfg.n, 2, d, cfg.sigma, S.rng(cfg.seed, "train"))
     y = S.teacher_outputs(z, q_star, cfg.omega, S.teacher_matrix())
-    q0 = S.initial_q("semantic", q_star, cfg.seed)
+    q0 = F.initial_q("semantic", q_star, cfg.seed)
     naive_fit(z[:8], y[:8], q0, cfg.lam, cfg.lr, 1)  # warm-up (torch.optim's first step imports a lot)
 
     def fast():
         stats = S.sample_stats(z, y)  # the once-per-sample reduction is part of the fast fit's cost
-        return S.fit_students(stats, q0[None], cfg.lam, lr=cfg.lr, iters=iters)[0]
+        return F.fit_students(stats, q0[None], cfg.lam, lr=cfg.lr, iters=iters)[0]
 
     q_fast, fast_wall, fast_cpu = timed(fast)
     q_naive, naive_wall, naive_cpu = timed(lambda: naive_fit(z, y, q0, cfg.lam, cfg.lr, naive_iters))
     scale = iters / naive_iters
     if naive_iters != iters:  # compare results at the naive run's length
-        q_fast_cmp = S.fit_students(S.sample_stats(z, y), q0[None], cfg.lam, lr=cfg.lr, iters=naive_iters)[0]
+        q_fast_cmp = F.fit_students(S.sample_stats(z, y), q0[None], cfg.lam, lr=cfg.lr, iters=naive_iters)[0]
     else:
         q_fast_cmp = q_fast
     rel = float((q_fast_cmp - q_naive).norm() / q_naive.norm())
     stats64 = S.sample_stats(z, y, torch.float64)
-    eps = [float(S.training_losses(stats64, q[None].double(), torch.tensor([cfg.lam]))[0])
+    eps = [float(P.training_losses(stats64, q[None].double(), torch.tensor([cfg.lam]))[0])
            for q in (q_fast_cmp, q_naive)]
     emit({"bench": "fit_5000_gd", "d": d, "alpha": alpha, "n": cfg.n, "iters": iters,
           "fast_cpu_s": fast_cpu, "fast_wall_s": fast_wall,
@@ -172,13 +172,13 @@ def bench_fit(d: int, alpha: float, iters: int, naive_iters: int) -> None:
 def bench_batched(d: int, alpha: float, iters: int) -> None:
     cfg = StudentConfig(d=d, alpha=alpha, init="semantic")
     data = S.point_data(cfg)
-    q0 = S.initial_q(cfg.init, data.q_star, cfg.seed)
+    q0 = F.initial_q(cfg.init, data.q_star, cfg.seed)
     weights, lam = cv_replicas(cfg.n, DEFAULT_LAM_GRID, DEFAULT_FOLDS, cfg.seed)  # the 30 students of a λ-CV point
     replicas = len(lam)
-    S.fit_students(data.train, q0[None], 0.01, iters=2)  # warm-up
+    F.fit_students(data.train, q0[None], 0.01, iters=2)  # warm-up
 
     def alone(i: int) -> list[tuple[object, float, float]]:  # replica i fitted on its own, twice
-        return [timed(lambda: S.fit_students(data.train, q0[None], lam[i:i + 1], weights[i:i + 1], iters=iters))
+        return [timed(lambda: F.fit_students(data.train, q0[None], lam[i:i + 1], weights[i:i + 1], iters=iters))
                 for _ in range(2)]
 
     # one of them alone: fold 0's student (4/5 of the samples; the cheapest), and the refit of the same λ on all n
@@ -186,7 +186,7 @@ def bench_batched(d: int, alpha: float, iters: int) -> None:
     one, one_all_n = alone(0), alone(DEFAULT_FOLDS)
 
     def batched(fixed_point_exit: bool = True):
-        return S.fit_students(data.train, q0[None].expand(replicas, -1, -1), lam, weights, iters=iters,
+        return F.fit_students(data.train, q0[None].expand(replicas, -1, -1), lam, weights, iters=iters,
                               fixed_point_exit=fixed_point_exit)
 
     many = [timed(batched) for _ in range(2)]

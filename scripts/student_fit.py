@@ -15,7 +15,8 @@ import torch
 
 from pefusion.cli.flags import print_result
 from pefusion.errors import ConfigError
-from pefusion.student.model import DTYPES, INITS, OPTIMS, TEACHER_A, StudentConfig, fit_point
+from pefusion.student.config import DTYPES, INITS, OPTIMS, TEACHER_A, StudentConfig
+from pefusion.student.point import fit_point
 
 
 class _Parser(argparse.ArgumentParser):

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from pefusion import record as R
-from pefusion.student import model as S
 from pefusion.errors import ConfigError
-from pefusion.student.model import StudentConfig
+from pefusion.student import config as C, fit as F, model as S, point as P
+from pefusion.student.config import StudentConfig
 from pefusion.student.cv import kfold_masks, reproduction_report, run_cv_point
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,8 +131,8 @@ def test_fit_matches_direct_model_trained_with_torch_optim(optim, block_samples,
     """Also with the step visiting the samples in blocks (7 samples a block: 9 blocks of 6–7 of the 60)."""
     cfg, q_star, z, y, stats = tiny_data()
     if block_samples:
-        monkeypatch.setattr(S, "FIT_BLOCK_ENTRIES", block_samples * 2 * cfg.d)
-        assert len(S._sample_blocks(stats, torch.ones(1, cfg.n), 1)) == 9
+        monkeypatch.setattr(F, "FIT_BLOCK_ENTRIES", block_samples * 2 * cfg.d)
+        assert len(F._sample_blocks(stats, torch.ones(1, cfg.n), 1)) == 9
     lam, iters = 0.05, 60
     Q = q_star.clone().requires_grad_()
     opt = (torch.optim.SGD([Q], lr=0.15, weight_decay=lam) if optim == "gd"
@@ -141,7 +141,7 @@ def test_fit_matches_direct_model_trained_with_torch_optim(optim, block_samples,
         opt.zero_grad()
         direct_loss(z, y, Q, 0.0, torch.ones(cfg.n, dtype=torch.float64)).backward()
         opt.step()
-    fast = S.fit_students(stats, q_star[None], lam, optim=optim, iters=iters)
+    fast = F.fit_students(stats, q_star[None], lam, optim=optim, iters=iters)
     torch.testing.assert_close(fast[0], Q.detach(), rtol=1e-8, atol=1e-10)
     assert not torch.allclose(fast[0], q_star, atol=1e-3)  # it did move
 
@@ -152,7 +152,7 @@ def test_float32_agrees_with_float64_after_5000_gd_steps():
     for dtype in ("float32", "float64"):
         cfg = StudentConfig(d=100, alpha=2.0, seed=1, init="positional", n_test=2000, dtype=dtype)
         data = S.point_data(cfg)
-        Q = S.fit_students(data.train, S.initial_q(cfg.init, data.q_star, cfg.seed)[None], cfg.lam)
+        Q = F.fit_students(data.train, F.initial_q(cfg.init, data.q_star, cfg.seed)[None], cfg.lam)
         results[dtype] = Q.double()
     rel = float((results["float32"] - results["float64"]).norm() / results["float64"].norm())
     assert rel < 1e-5, rel  # measured ~2e-6 at d = 100 and d = 400
@@ -170,19 +170,19 @@ def test_batched_fit_equals_fits_one_by_one(optim, dtype, rtol, monkeypatch):
     also when the step groups the samples by fold and skips each student's held-out ones (small blocks)."""
     cfg = StudentConfig(d=60, alpha=1.5, seed=2, init="random", dtype=dtype)
     data = S.point_data(cfg)
-    inits = [S.initial_q(init, data.q_star, cfg.seed) for init in S.INITS]
+    inits = [F.initial_q(init, data.q_star, cfg.seed) for init in C.INITS]
     q0 = torch.stack(inits + inits)  # 6 replicas: 3 inits × 2 λ, with different fold masks
     lam = torch.tensor([1e-3, 1e-3, 1e-3, 0.1, 0.1, 0.1])
     weights = kfold_masks(cfg.n, 6, seed=0).float()
-    assert len(S._sample_blocks(data.train, weights, 1)) == 1  # 90 samples: one block, all students
-    batched = S.fit_students(data.train, q0, lam, weights, optim=optim, iters=300)
+    assert len(F._sample_blocks(data.train, weights, 1)) == 1  # 90 samples: one block, all students
+    batched = F.fit_students(data.train, q0, lam, weights, optim=optim, iters=300)
     for i in range(6):
-        alone = S.fit_students(data.train, q0[i:i + 1], lam[i:i + 1], weights[i:i + 1], optim=optim, iters=300)
+        alone = F.fit_students(data.train, q0[i:i + 1], lam[i:i + 1], weights[i:i + 1], optim=optim, iters=300)
         torch.testing.assert_close(batched[i:i + 1], alone, rtol=rtol, atol=rtol / 10)
-    monkeypatch.setattr(S, "FIT_BLOCK_ENTRIES", 8 * 2 * cfg.d)  # blocks of ≤ 8 samples
-    blocks = S._sample_blocks(data.train, weights, 1)
+    monkeypatch.setattr(F, "FIT_BLOCK_ENTRIES", 8 * 2 * cfg.d)  # blocks of ≤ 8 samples
+    blocks = F._sample_blocks(data.train, weights, 1)
     assert len(blocks) == 12 and all(len(rows) == 5 for rows, *_ in blocks)  # 6 folds × 2 blocks, 5 students each
-    grouped = S.fit_students(data.train, q0, lam, weights, optim=optim, iters=300)
+    grouped = F.fit_students(data.train, q0, lam, weights, optim=optim, iters=300)
     torch.testing.assert_close(grouped, batched, rtol=rtol, atol=rtol / 10)
 
 
@@ -195,21 +195,21 @@ def test_gd_replicas_leave_the_batch_at_a_fixed_point_with_the_weights_of_all_it
     tolerance of that run."""
     cfg = StudentConfig(d=40, alpha=1.5, seed=2, init="semantic", dtype=dtype)
     data = S.point_data(cfg)
-    q0 = S.initial_q(cfg.init, data.q_star, cfg.seed)[None].expand(6, -1, -1)
+    q0 = F.initial_q(cfg.init, data.q_star, cfg.seed)[None].expand(6, -1, -1)
     lam = torch.tensor([1e-3, 1e-3, 1e-3, 4.0, 4.0, 4.0])
     weights = kfold_masks(cfg.n, 3, seed=0).repeat(2, 1)
     left_at: list[int] = []  # the number of replicas each time the batch is (re)built
-    real_sample_blocks = S._sample_blocks
+    real_sample_blocks = F._sample_blocks
 
     def sample_blocks(stats, w, r):
         left_at.append(len(w))
         return real_sample_blocks(stats, w, r)
 
-    monkeypatch.setattr(S, "_sample_blocks", sample_blocks)
-    early = S.fit_students(data.train, q0, lam, weights, iters=3000)
+    monkeypatch.setattr(F, "_sample_blocks", sample_blocks)
+    early = F.fit_students(data.train, q0, lam, weights, iters=3000)
     assert left_at[0] == 6 and left_at[-1] == 3  # the three λ = 4 replicas left, the others trained on
     assert float(early[3:].abs().max()) < 1e-30
-    full = S.fit_students(data.train, q0, lam, weights, iters=3000, fixed_point_exit=False)  # all replicas, all steps
+    full = F.fit_students(data.train, q0, lam, weights, iters=3000, fixed_point_exit=False)  # all replicas, all steps
     assert torch.equal(early[3:], full[3:])
     torch.testing.assert_close(early[:3], full[:3], rtol=5e-5 if dtype == "float32" else 1e-10, atol=1e-7)
 
@@ -252,9 +252,9 @@ def test_test_errors_match_the_direct_model_on_the_same_fresh_samples(r, dtype, 
 def test_semantic_init_copies_the_teacher():
     data = S.point_data(StudentConfig(d=50, alpha=1.0, seed=0, iters=50))
     before = data.q_star.clone()
-    q0 = S.initial_q("semantic", data.q_star, 0)
+    q0 = F.initial_q("semantic", data.q_star, 0)
     assert q0.data_ptr() != data.q_star.data_ptr()
-    S.fit_students(data.train, q0[None], 0.01, iters=50)
+    F.fit_students(data.train, q0[None], 0.01, iters=50)
     assert torch.equal(data.q_star, before) and torch.equal(q0, before)  # neither Q* nor q0 was updated
 
 
@@ -269,7 +269,7 @@ def test_semantic_and_positional_inits_give_different_solutions(reduced_report):
 
 def test_linear_baseline_reaches_the_least_squares_optimum():
     _, _, _, _, stats = tiny_data(d=200, alpha=2.0)
-    B = S.fit_linear(stats)
+    B = F.fit_linear(stats)
     S_zz, S_zy = stats.zz.sum(0), stats.zy.sum(0)
     B_ls = torch.linalg.solve(S_zz, S_zy).T  # argmin Σ‖Bz − y‖²
     loss, loss_ls = float(S.linear_errors(stats, B).sum()), float(S.linear_errors(stats, B_ls).sum())
@@ -302,7 +302,7 @@ def test_cv_point_refit_equals_a_direct_fit_at_lambda_star():
     means = [row[R.CV_ERROR_MEAN] for row in curve]
     assert res[R.LAMBDA_STAR] == grid[means.index(min(means))]
     assert all(row[R.CV_ERROR_STD] >= 0 for row in curve)
-    direct = S.fit_point(StudentConfig(**{**point.__dict__, "lam": res[R.LAMBDA_STAR]}))
+    direct = P.fit_point(StudentConfig(**{**point.__dict__, "lam": res[R.LAMBDA_STAR]}))
     for key in (R.EPS_G, R.EPS_T, R.M, R.THETA, R.EPS_LIN):
         assert res[key] == pytest.approx(direct[key], rel=1e-4), key
     # λ = 10 over-regularises: its validation error is the worst of the grid

@@ -247,7 +247,7 @@ def load_trial_runs(tracking_uri: str | None, experiment: str, parent_run: str |
 def published_alpha_curves() -> tuple[dict[float, float] | None, dict[float, float] | None]:
     """The student paper's α_c(ω) and α_l(ω) tables from pefusion.student, or (None, None) if not available."""
     try:
-        from pefusion.student.model import ALPHA_C_PUBLISHED, ALPHA_L_PUBLISHED
+        from pefusion.student.config import ALPHA_C_PUBLISHED, ALPHA_L_PUBLISHED
     except ImportError:
         return None, None
     return dict(ALPHA_C_PUBLISHED), dict(ALPHA_L_PUBLISHED)

@@ -24,9 +24,10 @@ import torch
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.student.model import (REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, StudentConfig,
-                                    attention_errors, config_record, fit_linear, fit_students, initial_q, point_data,
-                                    point_metrics, rng)
+from pefusion.student.config import REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, StudentConfig
+from pefusion.student.fit import fit_linear, fit_students, initial_q
+from pefusion.student.model import attention_errors, point_data, rng
+from pefusion.student.point import config_record, point_metrics
 
 DEFAULT_FOLDS = 5
 DEFAULT_LAM_GRID: tuple[float, ...] = tuple(float(x) for x in np.logspace(-4, 0, 5))  # 1e-4 … 1, one per decade

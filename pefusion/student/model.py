@@ -1,8 +1,12 @@
 """The teacher–student model of dot-product attention of Cui, Behrens, Krzakala & Zdeborová (NeurIPS 2024), SPEC §4.
 
+Owns the teacher (Q*, tokens, teacher outputs), the positional encodings, the per-sample statistics
+(`SampleStats`), a point's training and test data, and the student's forward/error algebra: its per-sample
+errors and their gradient, the linear baseline's errors, and ε_g on fresh test samples. Fitting is fit.py's.
+
 Teacher: y = (1−ω)·softmax(z Q* Q*ᵀ zᵀ / d)·z + ω·A·z on tokens z_l ~ N(0, σ² I_d), L = 2.
 Student: ŷ = softmax((xQ)(xQ)ᵀ / d)·x on x_l = z_l + p_l, p_1 = −p_2 = 1_d/√d, Q ∈ R^{d×r} (query = key).
-Objective: Σ_μ ‖ŷ_μ − y_μ‖²/(2d) + (λ/2)‖Q‖², full-batch GD (lr 0.15, 5 000 steps) or Adam (lr 0.01, 2 500).
+Objective: Σ_μ ‖ŷ_μ − y_μ‖²/(2d) + (λ/2)‖Q‖², minimised by full-batch GD or Adam in fit.py.
 
 Why the code looks the way it does: with L = 2 the softmax over two tokens is a sigmoid of a score difference,
 so ŷ_l = (x_1 + x_2)/2 + v_l·(x_1 − x_2) with v_l = a_l − ½ a scalar per (sample, token). Expanding ‖ŷ_l − y_l‖²
@@ -15,120 +19,18 @@ Centring at v = a − ½ (not a) keeps the expanded terms small, which is what k
 from __future__ import annotations
 
 import math
-import numbers
-import time
-from dataclasses import asdict, dataclass
-from typing import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
 
-from pefusion import record as R
-from pefusion.errors import ConfigError, check_choice, check_positive
-
-# ---------------------------------------------------------------------------------------------------------
-# Published facts (σ = 0.5, λ = 0.01): ω -> α
-# ---------------------------------------------------------------------------------------------------------
-
-# α_c(ω): the training losses of the semantic and positional solutions cross (positional lower below it).
-ALPHA_C_PUBLISHED: dict[float, float] = {
-    0.0: 0.548, 0.1: 0.707, 0.15: 0.818, 0.2: 0.928, 0.25: 1.06, 0.3: 1.241, 0.35: 1.454, 0.4: 1.751, 0.425: 1.939,
-}
-# α_l(ω): semantic attention starts to beat the dense linear baseline in ε_g.
-ALPHA_L_PUBLISHED: dict[float, float] = {0.0: 0.722, 0.1: 0.851, 0.2: 1.071, 0.3: 1.4506, 0.35: 1.750, 0.38: 1.993}
-# The reproduction point of issue #4: d = 1000, σ = 0.5, ω = 0.3, λ = 0.01, α = 2, full-batch GD, 50 000 test
-# samples, mean over 3 data seeds; and which initialisation reaches the lower training loss at two α.
-REPRODUCTION_POINT = {"d": 1000, "sigma": 0.5, "omega": 0.3, "lam": 0.01, "alpha": 2.0, "n_test": 50_000}
-REPRODUCTION_PUBLISHED = {"eps_g_semantic": 0.00144, "eps_g_positional": 0.00349, "eps_lin": 0.0020,
-                          "theta_semantic": 0.63, "m_positional": 0.26}
-REPRODUCTION_ORDER = {1.0: "positional", 1.6: "semantic"}  # α -> the init with the lower training loss
-
-# ---------------------------------------------------------------------------------------------------------
-# Names and configuration
-# ---------------------------------------------------------------------------------------------------------
-
-TEACHER_A: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
-    "default": ((0.6, 0.4), (0.4, 0.6)),
-    "alt": ((0.3, 0.7), (0.8, 0.2)),
-}
-INITS = ("semantic", "positional", "random")
-OPTIMS = ("gd", "adam")
-OPTIM_DEFAULTS = {"gd": (0.15, 5000), "adam": (0.01, 2500)}  # (lr, iterations), the authors' settings
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-# Linear baseline protocol (the authors'): Adam lr 0.5, 200 full-batch epochs, weight decay 1e-4.
-LINEAR_LR, LINEAR_EPOCHS, LINEAR_WEIGHT_DECAY = 0.5, 200, 1e-4
+from pefusion.errors import ConfigError
+from pefusion.student.config import TEACHER_A, StudentConfig
 
 # Test data is streamed in chunks of this many token entries (5 000 samples at d = 1000, L = 2): about 0.4 GB of
 # float64 work arrays at most, whatever n_test. The chunking is part of the test set's definition (random stream).
 TEST_CHUNK_ENTRIES = 10_000_000
-# A training step visits the samples in blocks of at most this many input entries (2 MB of float32): the gradient
-# matmul then re-reads from cache the block that the projection matmul has just read. With that and each fold's
-# held-out samples skipped (_sample_blocks), a step of a default λ-CV point's 30 students at d = 1000 went from
-# 10.3 to 8.1 ms at α = 2 and from 5.3 to 4.5 ms at α = 1 (one thread); below α ≈ 0.5, one block, no change.
-FIT_BLOCK_ENTRIES = 1 << 19
-# Every this many GD steps, replicas whose weights the step left bitwise unchanged leave the batch (see
-# fit_students). Checking costs a copy and a compare of W (~0.1 % of a step); a replica stays at most this many
-# steps after it reached its fixed point.
-FIXED_POINT_CHECK_EVERY = 10
-
-
-@dataclass(frozen=True)
-class StudentConfig:
-    """One point of the student study: data (d, L, σ, ω, A, α, seed), student (r, init) and optimiser."""
-
-    d: int = 1000
-    L: int = 2
-    sigma: float = 0.5
-    omega: float = 0.3
-    teacher_A: str = "default"
-    r: int = 1
-    alpha: float = 2.0
-    lam: float = 0.01
-    init: str = "semantic"
-    seed: int = 0
-    optim: str = "gd"
-    lr: float | None = None  # None: the optimiser's default (0.15 GD, 0.01 Adam)
-    iters: int | None = None  # None: the optimiser's default (5000 GD, 2500 Adam)
-    n_test: int = 50_000
-    dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        for key, minimum in (("d", 2), ("L", 2), ("r", 1), ("seed", 0), ("n_test", 1)):
-            self._integer(key, minimum)
-        if self.L != 2:
-            raise ConfigError(f"L={self.L!r} is not supported; the student model is implemented for L=2 tokens")
-        check_positive("sigma", self.sigma)
-        check_positive("alpha", self.alpha)
-        if not (math.isfinite(self.omega) and 0.0 <= self.omega <= 1.0):
-            raise ConfigError(f"omega={self.omega!r} is out of range; it must be in [0, 1]")
-        check_positive("lam", self.lam, allow_zero=True)
-        if self.n < 1:
-            raise ConfigError(f"alpha*d={self.alpha * self.d:g} gives no training sample; increase alpha or d")
-        for key, allowed in (("teacher_A", TEACHER_A), ("init", INITS), ("optim", OPTIMS), ("dtype", DTYPES)):
-            check_choice(key, getattr(self, key), allowed)
-        if self.lr is None:
-            object.__setattr__(self, "lr", OPTIM_DEFAULTS[self.optim][0])
-        if self.iters is None:
-            object.__setattr__(self, "iters", OPTIM_DEFAULTS[self.optim][1])
-        check_positive("lr", self.lr)
-        self._integer("iters", 0)
-
-    def _integer(self, key: str, minimum: int) -> None:
-        """Integral values (also numpy's, as Ray Tune may pass) become int; others are a ConfigError."""
-        value = getattr(self, key)
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-            raise ConfigError(f"{key}={value!r} is out of range; it must be an integer >= {minimum}")
-        object.__setattr__(self, key, int(value))
-
-    @property
-    def n(self) -> int:
-        """Training samples, n = round(α·d)."""
-        return int(round(self.alpha * self.d))
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -327,120 +229,9 @@ def _error_gradient(s: torch.Tensor, bw: torch.Tensor, gw: torch.Tensor) -> torc
     return grad_s.view(-1, s.shape[2] * s.shape[3])
 
 
-def _sample_blocks(stats: SampleStats, weights: torch.Tensor, r: int) -> list[tuple[torch.Tensor, ...]]:
-    """The blocks a training step visits, [(rows, xs, bw, gw)], for the R replicas' per-sample loss weights
-    (R, n): the samples in equal blocks of at most FIT_BLOCK_ENTRIES input entries, grouped by the replicas that
-    train on them when each group fills at least half a block (a K-fold split has K groups; a fold's students
-    then never touch their held-out samples; smaller groups would cost more in blocks than they save).
-    rows (R'·r,) are the rows of W of the R' replicas in a block, xs (L·m, d) its inputs (contiguous,
-    token-major like stats.xs), bw, gw its statistics and those replicas' weights as _error_gradient takes them."""
-    n, d = stats.n, stats.d
-    xs = stats.xs.view(2, n, d)
-    patterns, group = torch.unique(weights != 0, dim=1, return_inverse=True)  # (R, P), (n,)
-    if int(torch.bincount(group).min()) * 2 * d < FIT_BLOCK_ENTRIES // 2:
-        patterns, group = torch.ones(len(weights), 1, dtype=torch.bool), torch.zeros(n, dtype=torch.long)
-    blocks = []
-    for p in range(patterns.shape[1]):
-        replicas = patterns[:, p].nonzero()[:, 0]  # (R',)
-        samples = (group == p).nonzero()[:, 0]
-        if len(replicas) == 0:
-            continue
-        rows = (replicas[:, None] * r + torch.arange(r)).reshape(-1)  # (R'·r,)
-        for idx in samples.tensor_split(-(-len(samples) * 2 * d // FIT_BLOCK_ENTRIES)):
-            w2 = 2.0 * weights[replicas][:, None, idx]  # (R', 1, m)
-            blocks.append((rows, xs[:, idx].reshape(-1, d), w2 * (stats.b[:, idx] - 0.5 * stats.g[idx]),
-                           w2 * stats.g[idx]))
-    return blocks
-
-
 def attention_errors(stats: SampleStats, Q: torch.Tensor) -> torch.Tensor:
     """Per-sample errors ‖ŷ_μ − y_μ‖²_F/(2d) of students Q (R, d, r) on training samples `stats`: (R, n)."""
     return _errors(stats, _projections(stats.xs, _as_rows(Q, stats.xs.dtype), Q.shape[2]))
-
-
-def fit_students(stats: SampleStats, q0: torch.Tensor, lam: torch.Tensor | Sequence[float] | float,
-                 weights: torch.Tensor | None = None, *, optim: str = "gd", lr: float | None = None,
-                 iters: int | None = None, fixed_point_exit: bool = True) -> torch.Tensor:
-    """Train R students that share the data, full batch, as one tensor program.
-
-    q0 (R, d, r) initial weights (copied, never modified); lam (R,) weight decays (or one for all); weights
-    (R, n) per-sample loss weights (a fold's training mask; None = all ones). Each replica minimises
-    Σ_μ w_μ ‖ŷ_μ − y_μ‖²/(2d) + (λ/2)‖Q‖² by full-batch GD or torch.optim.Adam, the weight decay entering the
-    gradient as λQ (torch's L2 coupling, as SGD/Adam(weight_decay=λ)). Replicas do not interact, so a batch
-    equals the same fits run one by one. Returns the final Q, (R, d, r).
-
-    Under GD, a replica whose weights a step leaves bitwise unchanged has reached a fixed point of the float
-    arithmetic: the step is a deterministic function of its own weights, so every later step would leave them
-    unchanged too, and it leaves the batch with exactly the weights the remaining iterations would end on. At
-    the default λ-CV grid (d = 1000), λ = 1 reaches one (Q ≈ 0, among the subnormal floats) after ~700 of the
-    5 000 steps and λ = 0.1 often by ~2 000, so a point's 30 replicas do 17–26 % fewer replica-steps. Adam's
-    moments keep moving: no exit. fixed_point_exit=False keeps every replica for every step (same result; for
-    timing the exit)."""
-    lr = OPTIM_DEFAULTS[optim][0] if lr is None else lr
-    iters = OPTIM_DEFAULTS[optim][1] if iters is None else iters
-    dtype, (n_rep, _, r) = stats.xs.dtype, q0.shape
-    W_out = _as_rows(q0, dtype)  # (R·r, d), a copy: q0 (e.g. the teacher's Q*) is never touched
-    lam_all = torch.as_tensor(lam, dtype=dtype).reshape(-1).expand(n_rep)
-    w_all = torch.ones(n_rep, stats.n, dtype=dtype) if weights is None else weights.to(dtype)
-    active = torch.arange(n_rep)  # the replicas still training; W holds their rows
-
-    def batch_of(active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
-        rows = (active[:, None] * r + torch.arange(r)).reshape(-1)
-        return rows, lam_all[active].repeat_interleave(r)[:, None], _sample_blocks(stats, w_all[active], r)
-
-    rows_out, lam_rows, blocks = batch_of(active)
-    W = W_out.clone()  # (R'·r, d): the rows of the replicas still training
-    # Plain GD is torch.optim.SGD's update (param -= lr·grad) written out: the optimiser's per-step Python
-    # bookkeeping costs as much as the elementwise part of the step at R = 1. λW is added to the gradient, not
-    # folded into a factor 1 − lr·λ: that factor, rounded to float32, is the same error at every step (float32
-    # then drifted 9e-5 from float64 in 5 000 steps at d = 100, against 1.4e-6 this way).
-    adam = torch.optim.Adam([W], lr=lr) if optim == "adam" else None
-    for step in range(1, iters + 1):
-        check = fixed_point_exit and adam is None and step % FIXED_POINT_CHECK_EVERY == 0 and step < iters
-        before = W.clone() if check else None
-        grad = lam_rows * W  # (R·r, d): λW + ∂loss/∂W
-        for rows, xs, bw, gw in blocks:
-            grad_s = _error_gradient(_projections(xs, W.index_select(0, rows), r), bw, gw)  # (R'·r, L·m)
-            grad.index_add_(0, rows, grad_s @ xs)
-        if adam is None:
-            W.add_(grad, alpha=-lr)
-        else:
-            W.grad = grad
-            adam.step()
-        if check:
-            fixed = (W == before).view(len(active), -1).all(1)  # (R',); NaN never equals itself: never fixed
-            if fixed.any():
-                W_out[rows_out] = W
-                active = active[~fixed]
-                if len(active) == 0:
-                    break
-                rows_out, lam_rows, blocks = batch_of(active)
-                W = W_out[rows_out]  # a copy of the rows still training
-    W_out[rows_out] = W
-    return _as_q(W_out, r)
-
-
-def initial_q(init: str, q_star: torch.Tensor, seed: int) -> torch.Tensor:
-    """The three initialisations, (d, r): semantic = a copy of Q*, positional = 1_d/√d, random = 0.1·N(0, 1)."""
-    d, r = q_star.shape
-    if init == "semantic":
-        return q_star.clone()
-    if init == "positional":
-        return torch.full((d, r), 1.0 / math.sqrt(d))
-    if init == "random":
-        return 0.1 * torch.randn(d, r, generator=rng(seed, "init"))
-    raise ConfigError(f"init={init!r} is not allowed; choose one of: {', '.join(INITS)}")
-
-
-def overlaps(Q: torch.Tensor, q_star: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summary statistics m = |1_dᵀQ|/d and θ = |Q*ᵀQ|/d of students Q (R, d, r): two (R,) tensors.
-
-    For r > 1 these are the Euclidean / Frobenius norms of the (r,) and (r, r) overlaps."""
-    d = Q.shape[1]
-    Q = Q.double()
-    m = Q.sum(1).norm(dim=-1) / d  # (R,)
-    theta = torch.linalg.matrix_norm(q_star.double().T @ Q) / d  # (R,)
-    return m, theta
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -456,23 +247,8 @@ def linear_errors(stats: SampleStats, B: torch.Tensor) -> torch.Tensor:
     return (quad - 2 * cross + stats.yy.sum(-1)) / (2 * stats.d)
 
 
-def fit_linear(stats: SampleStats, *, lr: float = LINEAR_LR, epochs: int = LINEAR_EPOCHS,
-               weight_decay: float = LINEAR_WEIGHT_DECAY) -> torch.Tensor:
-    """The authors' linear baseline: Adam on Σ_μ ‖B z_μ − y_μ‖²/(2d) from B = 0, full batch. Returns B (L, L).
-
-    The loss is quadratic in B, so it only needs the summed Gram matrices; the gradient is (B·Σzz − Σzyᵀ)/d."""
-    S_zz, S_zy = stats.zz.sum(0), stats.zy.sum(0)  # (L, L)
-    B = torch.zeros_like(S_zz)
-    B.grad = torch.zeros_like(B)
-    opt = torch.optim.Adam([B], lr=lr, weight_decay=weight_decay)
-    for _ in range(epochs):
-        B.grad.copy_((B @ S_zz - S_zy.T) / stats.d)
-        opt.step()
-    return B.detach()
-
-
 # ---------------------------------------------------------------------------------------------------------
-# One point: data, fits, metrics
+# One point: its data, and its students' and the linear baseline's errors on fresh test samples
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -517,39 +293,3 @@ def test_errors(data: PointData, Q: torch.Tensor, B: torch.Tensor) -> tuple[torc
         total += _errors(stats, s.permute(2, 3, 1, 0)).sum(1)
         total_lin += float(linear_errors(stats, B).sum())
     return total / cfg.n_test, total_lin / cfg.n_test
-
-
-def training_losses(stats: SampleStats, Q: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """ε_t = [Σ_μ ‖ŷ_μ − y_μ‖²/(2d) + (λ/2)‖Q‖²] / d per replica: Q (R, d, r), lam (R,) -> (R,)."""
-    data_term = attention_errors(stats, Q).double().sum(1)  # (R,)
-    reg = 0.5 * lam.double() * Q.double().pow(2).sum((1, 2))
-    return (data_term + reg) / stats.d
-
-
-def point_metrics(data: PointData, Q: torch.Tensor, lam: torch.Tensor, B: torch.Tensor) -> list[dict]:
-    """ε_t, ε_g, m, θ of students Q (R, d, r) trained on all n samples, plus the linear baseline's ε_g."""
-    eps_t = training_losses(data.train, Q, lam)
-    eps_g, eps_lin = test_errors(data, Q, B)
-    m, theta = overlaps(Q, data.q_star)
-    return [{R.EPS_T: float(eps_t[i]), R.EPS_G: float(eps_g[i]), R.M: float(m[i]), R.THETA: float(theta[i]),
-             R.EPS_LIN: eps_lin} for i in range(Q.shape[0])]
-
-
-def config_record(cfg: StudentConfig) -> dict:
-    """The point's identity under the record names (plus the remaining config fields as they are)."""
-    out = asdict(cfg)
-    renamed = {"alpha": R.ALPHA, "omega": R.OMEGA, "sigma": R.SIGMA, "init": R.INIT, "lam": R.LAMBDA, "d": R.D,
-               "seed": R.SEED}
-    return {renamed.get(k, k): v for k, v in out.items()} | {R.N_TRAIN: cfg.n}
-
-
-def fit_point(cfg: StudentConfig) -> dict:
-    """Fit one student (a batch of one) and the linear baseline at a point; the record of scripts/student_fit.py."""
-    start = time.perf_counter()
-    data = point_data(cfg)
-    q0 = initial_q(cfg.init, data.q_star, cfg.seed)[None]
-    lam = torch.tensor([cfg.lam])
-    Q = fit_students(data.train, q0, lam, optim=cfg.optim, lr=cfg.lr, iters=cfg.iters)
-    B = fit_linear(data.train)
-    metrics = point_metrics(data, Q, lam, B)[0]
-    return config_record(cfg) | metrics | {R.SECONDS: time.perf_counter() - start}

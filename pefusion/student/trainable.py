@@ -22,7 +22,7 @@ from ray import tune
 
 from pefusion import record as R
 from pefusion.errors import NONNEGATIVE, POSITIVE, UNIT_INTERVAL, ConfigError, KeyRule, Rules
-from pefusion.student.model import DTYPES, INITS, OPTIMS, TEACHER_A, StudentConfig
+from pefusion.student.config import DTYPES, INITS, OPTIMS, TEACHER_A, StudentConfig
 from pefusion.student.cv import run_cv_point, run_phase_point
 
 # Keys of a λ-CV search space that are not StudentConfig fields: the λ grid and the number of folds.
