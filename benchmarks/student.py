@@ -28,7 +28,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.timing import emit, timed
 from pefusion.student import config as C, fit as F, model as S, point as P
-from pefusion.student.cv import DEFAULT_FOLDS, DEFAULT_LAM_GRID, cv_replicas
+from pefusion.student.config import DEFAULT_FOLDS, DEFAULT_LAM_GRID
+from pefusion.student.cv import cv_replicas
 from pefusion.student.config import StudentConfig
 
 

@@ -5,6 +5,7 @@ import dataclasses
 import importlib.util
 import os
 import socket
+import json
 import sys
 from pathlib import Path
 
@@ -31,6 +32,60 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+
+# --- helpers only tests use ------------------------------------------------------------------------------
+
+
+def allowed_pairs() -> list[tuple[str, str]]:
+    """Every (pe_type, fusion) pair that `check_pe_fusion` accepts."""
+    from pefusion.errors import ConfigError
+    from pefusion.fusion.config import FUSIONS, PE_TYPES, check_pe_fusion
+
+    pairs = []
+    for pe in PE_TYPES:
+        for fu in FUSIONS:
+            try:
+                check_pe_fusion(pe, fu)
+            except ConfigError:
+                continue
+            pairs.append((pe, fu))
+    return pairs
+
+
+def pe_fusion_pairs(space, base=None) -> list[tuple[str, str]]:
+    """Every (pe_type, fusion) pair a search space (`pefusion.sweep.space.SearchSpace`) can produce, in order; a
+    key it does not set takes `base`'s value (default: ModelConfig(), which every preset shares)."""
+    from pefusion import record as R
+    from pefusion.fusion.config import ModelConfig
+
+    base = base or ModelConfig()
+    pairs = [(p.get(R.PE_TYPE, base.pe_type), p.get(R.FUSION, base.fusion)) for p in space.points()]
+    return list(dict.fromkeys(pairs))
+
+
+def has_grid(space) -> bool:
+    """Whether a search space has a grid dimension."""
+    from pefusion.sweep.space import Grid
+
+    return any(isinstance(d, Grid) for d in space.values())
+
+
+def write_synthetic_corpus(directory: str | Path, n_train: int = 2000, n_val: int = 500, n_test: int = 500,
+                           seed: int = 0, num_classes: int = 4) -> dict[str, Path]:  # 4: the corpus default
+    """Write train.jsonl, validation.jsonl and test.jsonl of the synthetic corpus into `directory` (the layout
+    `--data-dir` reads)."""
+    from pefusion.data.synthetic import generate_synthetic_corpus
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, docs in generate_synthetic_corpus(n_train, n_val, n_test, seed, num_classes).items():
+        paths[split] = directory / f"{split}.jsonl"
+        with open(paths[split], "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(d) + "\n" for d in docs)
+    return paths
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,12 @@ import pytest
 from ray.tune.search import sample
 
 from pefusion.errors import ConfigError
-from pefusion.fusion.config import RULES as PEFUSION_RULES, check_pe_fusion_pairs, pe_fusion_pairs
-from pefusion.student.trainable import RULES as STUDENT_RULES
+from pefusion.fusion.config import RULES as PEFUSION_RULES, check_pe_fusion_pairs
+from conftest import pe_fusion_pairs
+from pefusion.student.config import RULES as STUDENT_RULES
 from pefusion.sweep.space import (Choice, Constant, Grid, LogUniform, RandInt, SearchSpaceError, Uniform, grid_size,
-                                  has_grid, load_search_space, parse_search_space, require_no_grid, to_tune)
+                                  load_search_space, parse_search_space, require_no_grid, to_tune)
+from conftest import has_grid
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 RULES_OF = {"arxiv_grid": PEFUSION_RULES, "lr_batch": PEFUSION_RULES, "lambda_cv": STUDENT_RULES,

@@ -6,6 +6,7 @@ import collections
 import numpy as np
 import pytest
 
+from conftest import write_synthetic_corpus
 from pefusion.data import synthetic as sc
 from pefusion.data.config import DataConfig
 from pefusion.data.corpus import load_corpus
@@ -76,7 +77,7 @@ def test_bag_of_words_classifier_stays_at_chance(corpus):
 
 
 def test_written_jsonl_loads_like_the_built_in_source(tmp_path):
-    paths = sc.write_synthetic_corpus(tmp_path / "syn", 40, 10, 10, seed=2)
+    paths = write_synthetic_corpus(tmp_path / "syn", 40, 10, 10, seed=2)
     assert sorted(p.name for p in paths.values()) == ["test.jsonl", "train.jsonl", "validation.jsonl"]
     from_files = load_corpus(DataConfig(data_dir=str(tmp_path / "syn"), max_len=64, cache_dir=str(tmp_path / "c")))
     built_in = load_corpus(DataConfig(synthetic=True, synthetic_train=40, synthetic_val=10, synthetic_test=10,

@@ -12,8 +12,8 @@ import pandas as pd
 from pefusion import record as R
 from pefusion.cli.flags import add_preset_flag, add_sweep_flags, csv_list, search_space_path, sweep_options
 from pefusion.errors import ConfigError
-from pefusion.student.trainable import (CV_KEYS, RULES, STUDENT_PRESETS, lambda_cv_trainable, phase_trainable,
-                                        point_config, smoke_student, student_run_name)
+from pefusion.student.config import CV_KEYS, RULES, STUDENT_PRESETS, point_config, smoke_student
+from pefusion.student.trainable import lambda_cv_trainable, phase_trainable, student_run_name
 from pefusion.sweep.driver import StudySweep, run_sweep
 from pefusion.sweep.space import Constant, grid_size, load_search_space
 from pefusion.sweep.tracking import STUDENT_EXPERIMENT

@@ -15,8 +15,6 @@ analysis. Same schema as the real data: records {"text": str, "label": int}.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,16 +69,3 @@ def generate_synthetic_corpus(n_train: int = 2000, n_val: int = 500, n_test: int
     sizes = (n_train, n_val, n_test)
     return {split: _generate_split(n, np.random.default_rng(stream), num_classes)
             for split, n, stream in zip(SPLIT_NAMES, sizes, streams)}
-
-
-def write_synthetic_corpus(directory: str | Path, n_train: int = 2000, n_val: int = 500, n_test: int = 500,
-                           seed: int = 0, num_classes: int = NUM_CLASSES) -> dict[str, Path]:
-    """Write train.jsonl, validation.jsonl and test.jsonl into `directory` (the layout `--data-dir` reads)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split, docs in generate_synthetic_corpus(n_train, n_val, n_test, seed, num_classes).items():
-        paths[split] = directory / f"{split}.jsonl"
-        with open(paths[split], "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(d) + "\n" for d in docs)
-    return paths

@@ -56,19 +56,6 @@ def check_pe_fusion(pe_type: str, fusion: str) -> None:
         raise ConfigError("pe_type='none' gives P=0, so fusion='mul' would zero every embedding: use 'add' or 'none'")
 
 
-def allowed_pairs() -> list[tuple[str, str]]:
-    """Every (pe_type, fusion) pair that `check_pe_fusion` accepts."""
-    pairs = []
-    for pe in PE_TYPES:
-        for fu in FUSIONS:
-            try:
-                check_pe_fusion(pe, fu)
-            except ConfigError:
-                continue
-            pairs.append((pe, fu))
-    return pairs
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Model
 # ---------------------------------------------------------------------------------------------------------
@@ -230,14 +217,6 @@ PRESETS: dict[str, Preset] = {
         data=DataConfig(synthetic=True, max_len=64, length_edges=(128, 512)),
     ),
 }
-
-
-def pe_fusion_pairs(space, base: ModelConfig | None = None) -> list[tuple[str, str]]:
-    """Every (pe_type, fusion) pair a search space (`pefusion.sweep.space.SearchSpace`) can produce, in order; a
-    key it does not set takes `base`'s value (default: ModelConfig(), which every preset shares)."""
-    base = base or ModelConfig()
-    pairs = [(p.get(record.PE_TYPE, base.pe_type), p.get(record.FUSION, base.fusion)) for p in space.points()]
-    return list(dict.fromkeys(pairs))
 
 
 def check_pe_fusion_pairs(space, base: ModelConfig | None = None) -> None:

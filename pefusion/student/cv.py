@@ -24,13 +24,10 @@ import torch
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.student.config import REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, StudentConfig
+from pefusion.student.config import DEFAULT_FOLDS, DEFAULT_LAM_GRID, REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, StudentConfig
 from pefusion.student.fit import fit_linear, fit_students, initial_q
 from pefusion.student.model import attention_errors, point_data, rng
 from pefusion.student.point import config_record, point_metrics
-
-DEFAULT_FOLDS = 5
-DEFAULT_LAM_GRID: tuple[float, ...] = tuple(float(x) for x in np.logspace(-4, 0, 5))  # 1e-4 … 1, one per decade
 
 PHASE_INITS = ("semantic", "positional")
 

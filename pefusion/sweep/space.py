@@ -255,10 +255,6 @@ def load_search_space(path: str | Path, allowed: Mapping[str, KeyRule]) -> Searc
 # ---------------------------------------------------------------------------------------------------------
 
 
-def has_grid(space: SearchSpace) -> bool:
-    return any(isinstance(d, Grid) for d in space.values())
-
-
 def grid_size(space: SearchSpace) -> int:
     """Trials per sample: the product of the grid lengths (1 without grids)."""
     return math.prod(len(d.values) for d in space.values() if isinstance(d, Grid))
