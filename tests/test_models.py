@@ -262,31 +262,110 @@ def test_alibi_bias_is_minus_slope_times_distance():
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return x @ w.T + b
+
+
+def _sigmoid(z: torch.Tensor) -> torch.Tensor:
+    return 1 / (1 + torch.exp(-z))
+
+
+def _mlp(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Linear(2d, d) -> ReLU -> Linear(d, d), from the parameters alone."""
+    return _linear(_linear(x, w["net.0.weight"], w["net.0.bias"]).clamp(min=0), w["net.2.weight"], w["net.2.bias"])
+
+
+# What each operator's parameters are called, and their shapes (d = D, K = KERNEL): the reference below reads them
+# by these names, so an operator that renamed or reshaped them fails here rather than in the formula.
+FUSION_PARAMETERS = {
+    "add": {}, "mul": {}, "none": {},
+    "concat": {"net.weight": (D, 2 * D), "net.bias": (D,)},
+    "gate_scalar": {"net.weight": (1, 2 * D), "net.bias": (1,)},
+    "gate_vector": {"net.weight": (D, 2 * D), "net.bias": (D,)},
+    "mlp": {"net.0.weight": (D, 2 * D), "net.0.bias": (D,), "net.2.weight": (D, D), "net.2.bias": (D,)},
+    "mlp_gate": {"net.0.weight": (D, 2 * D), "net.0.bias": (D,), "net.2.weight": (D, D), "net.2.bias": (D,)},
+    "gate_cnn": {"conv.weight": (D, 1, KERNEL), "conv.bias": (D,)},
+}
+
+
+def reference_fuse(fusion: str, w: dict[str, torch.Tensor], E: torch.Tensor, P: torch.Tensor,
+                   pad: torch.Tensor | None = None, order: str = "EP") -> torch.Tensor:
+    """H = fuse(E, P) of SPEC §1 in plain tensor algebra on the operator's parameters `w` (never its modules).
+
+    `order="PE"` feeds [P; E] instead of [E; P] to the sub-network: the test uses it to show that its random
+    weights tell the two orders apart. gate_cnn: SPEC's depthwise Conv1d over the positions of P with "same"
+    (zero) padding, K odd, written as a cross-correlation (PyTorch's Conv1d, no kernel flip):
+        z[b, t, c] = bias[c] + Σ_k weight[c, 0, k] · P̃[b, t + k − K//2, c]
+    with one deliberate addition to SPEC (pefusion/fusion.py, ConvGate): P̃ is P with the batch's padding
+    positions zeroed as well as the positions outside 0..T−1, so a document's gates near its end do not depend on
+    how much padding its batch has.
+    """
+    P = P.expand_as(E)
+    if fusion == "add":
+        return E + P
+    if fusion == "mul":
+        return E * P
+    if fusion == "none":
+        return E
+    EP = torch.cat([E, P] if order == "EP" else [P, E], dim=-1)  # (B, T, 2d)
+    if fusion == "concat":
+        return _linear(EP, w["net.weight"], w["net.bias"])
+    if fusion == "mlp":
+        return _mlp(EP, w)
+    if fusion in ("gate_scalar", "gate_vector"):
+        z = _linear(EP, w["net.weight"], w["net.bias"])  # (B, T, 1) or (B, T, d)
+    elif fusion == "mlp_gate":
+        z = _mlp(EP, w)
+    elif fusion == "gate_cnn":
+        kernel, T = w["conv.weight"].shape[-1], E.shape[1]
+        P_tilde = P if pad is None else P.masked_fill(pad[..., None], 0.0)
+        zeros = P.new_zeros(P.shape[0], kernel // 2, P.shape[2])
+        padded = torch.cat([zeros, P_tilde, zeros], dim=1)  # (B, T + K - 1, d): position t sits at t + K//2
+        z = w["conv.bias"] + sum(w["conv.weight"][:, 0, k] * padded[:, k:k + T] for k in range(kernel))
+    else:
+        raise AssertionError(f"no reference for fusion {fusion!r}")
+    g = _sigmoid(z)
+    return g * E + (1 - g) * P
+
+
+def float64_fusion(fusion: str, seed: int = 0) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The operator in float64, and its parameters by name (checked against FUSION_PARAMETERS)."""
+    torch.manual_seed(seed)
+    op = build_fusion(ModelConfig(d_model=D, nhead=NHEAD, pe_type="rotary" if fusion == "none" else "sinusoidal",
+                                  fusion=fusion, gate_kernel=KERNEL)).double()
+    w = dict(op.named_parameters())
+    assert {name: tuple(p.shape) for name, p in w.items()} == FUSION_PARAMETERS[fusion]
+    return op, {name: p.detach() for name, p in w.items()}
+
+
 @pytest.mark.parametrize("fusion", FUSIONS)
 def test_fusion_operator_values(fusion):
-    torch.manual_seed(0)
-    op = build_fusion(ModelConfig(d_model=D, nhead=NHEAD, pe_type="rotary" if fusion == "none" else "sinusoidal",
-                                  fusion=fusion, gate_kernel=KERNEL))
-    E, P = torch.randn(2, 6, D), torch.randn(1, 6, D)
-    H = op(E, P, torch.zeros(2, 6, dtype=torch.bool))
+    """Each operator equals SPEC's formula computed from its parameters, in float64, with random E and P and a
+    batch of a full and a padded document."""
+    op, w = float64_fusion(fusion)
+    gen = torch.Generator().manual_seed(1)
+    E = torch.randn(2, 6, D, dtype=torch.float64, generator=gen)
+    P = torch.randn(1, 6, D, dtype=torch.float64, generator=gen)
+    pad = torch.arange(6)[None, :] >= torch.tensor([[6], [4]])  # document 2: 4 tokens, 2 pads
+    with torch.no_grad():
+        H = op(E, P, pad)
     assert H.shape == (2, 6, D)
-    expected = {"add": E + P, "mul": E * P, "none": E}
-    if fusion in expected:
-        torch.testing.assert_close(H, expected[fusion])
-    elif fusion in ("concat", "mlp"):
-        torch.testing.assert_close(H, op.net(torch.cat([E, P.expand_as(E)], dim=-1)))
-    else:  # gates: a convex combination, so E == P gives back E, and H lies between E and P
-        same = E[:1]
-        torch.testing.assert_close(op(same, same, None), same)
-        lo, hi = torch.minimum(E, P), torch.maximum(E, P)
-        assert ((H >= lo - 1e-6) & (H <= hi + 1e-6)).all()
+    expected = reference_fuse(fusion, w, E, P, pad)
+    # gate_cnn's H at padding positions is masked out downstream and SPEC says nothing of it: compare real ones
+    compared = ~pad if fusion == "gate_cnn" else torch.ones_like(pad)
+    torch.testing.assert_close(H[compared], expected[compared], atol=1e-12, rtol=1e-12)
+    if fusion in ("concat", "mlp", "gate_scalar", "gate_vector", "mlp_gate"):  # the operators fed [E; P]: their
+        # random weights tell [E; P] from [P; E], so the comparison above would catch a swapped order
+        assert (reference_fuse(fusion, w, E, P, pad, order="PE") - expected)[compared].abs().max() > 1e-2
 
 
 def test_gate_scalar_has_one_gate_per_position():
-    op = build_fusion(ModelConfig(d_model=D, nhead=NHEAD, fusion="gate_scalar"))
-    E, P = torch.randn(1, 4, D), torch.randn(1, 4, D)
-    g = (op(E, P) - P) / (E - P)  # (1, 4, D): the gate, the same in every feature
-    torch.testing.assert_close(g, g[..., :1].expand_as(g), atol=1e-4, rtol=1e-4)
+    op, _ = float64_fusion("gate_scalar")
+    E, P = torch.randn(1, 4, D, dtype=torch.float64), torch.randn(1, 4, D, dtype=torch.float64)
+    with torch.no_grad():
+        g = (op(E, P) - P) / (E - P)  # (1, 4, D): the gate, the same in every feature
+    torch.testing.assert_close(g, g[..., :1].expand_as(g), atol=1e-9, rtol=1e-9)
+    assert (g[0, :, 0] - g[0, 0, 0]).abs().max() > 1e-3  # but not the same at every position
 
 
 def test_gate_cnn_ignores_positions_behind_padding():
