@@ -13,7 +13,7 @@ from torch import nn
 
 from pefusion import ConfigError, ModelConfig, build_model, build_model_from_config
 from pefusion.config import FUSIONS, PAPER_FUSIONS, PAPER_PE_TYPES, PE_TYPES, allowed_pairs
-from pefusion.encoder import EncoderLayer
+from pefusion.encoder import EncoderLayer, SelfAttention
 from pefusion.fusion import build_fusion
 from pefusion.positional import ALiBi, PaperRelative, PaperRope, Rotary, Sinusoidal, build_positional
 
@@ -238,10 +238,43 @@ def test_rotary_scores_depend_on_relative_position_only():
     torch.testing.assert_close(scores[0, 0], q @ k)  # position 0 is the identity
 
 
-def test_rotary_acts_per_head_on_queries_and_keys():
-    x = torch.randn(2, NHEAD, 5, D // NHEAD)
+def reference_rotate(x: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding written out (the "rotate half" layout of pefusion.positional.Rotary), x (..., T, hd):
+    out[t, j] = x_j cos(t f_j) − x_{j+hd/2} sin(t f_j), out[t, j + hd/2] = x_{j+hd/2} cos(t f_j) + x_j sin(t f_j),
+    f_j = 10000^(−2j/hd), j < hd/2."""
+    T, hd = x.shape[-2:]
+    half = hd // 2
+    t = torch.arange(T, dtype=torch.float64)[:, None]
+    angle = t * 10000.0 ** (-2 * torch.arange(half, dtype=torch.float64) / hd)  # (T, hd/2)
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat((first * angle.cos() - second * angle.sin(), second * angle.cos() + first * angle.sin()), -1)
+
+
+def test_rotary_is_the_closed_form_rotation_of_each_head():
+    x = torch.randn(2, NHEAD, MAX_LEN, D // NHEAD, dtype=torch.float64)
     rotary = Rotary(max_len=MAX_LEN, head_dim=D // NHEAD)
-    torch.testing.assert_close(rotary(x)[:, 1], rotary(x[:, 1]))  # heads are rotated alike and independently
+    # the cos/sin tables are float32 buffers, hence 1e-6
+    torch.testing.assert_close(rotary(x), reference_rotate(x), atol=1e-6, rtol=0)
+    torch.testing.assert_close(rotary(x[..., :7, :]), reference_rotate(x[..., :7, :]), atol=1e-6, rtol=0)
+
+
+def test_rotary_acts_per_head_on_queries_and_keys():
+    """SelfAttention with rotary = softmax(R(q) R(k)ᵀ / √hd) v per head, q, k, v from in_proj by parameter name:
+    queries and keys are rotated, values are not."""
+    torch.manual_seed(0)
+    B, T, hd = 2, 9, D // NHEAD
+    attn = SelfAttention(D, NHEAD, dropout=0.1).double().eval()
+    w = {name: p.detach() for name, p in attn.named_parameters()}
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    attend = torch.arange(T)[None, :] < torch.tensor([[T], [5]])  # (B, T): document 2 has 5 tokens
+    with torch.no_grad():
+        got = attn(x, attend[:, None, None, :], Rotary(max_len=MAX_LEN, head_dim=hd))
+    heads = lambda y: y.view(B, T, NHEAD, hd).transpose(1, 2)  # (B, H, T, hd)
+    q, k, v = (heads(x @ W.T + b) for W, b in zip(w["in_proj_weight"].chunk(3), w["in_proj_bias"].chunk(3)))
+    q, k = reference_rotate(q), reference_rotate(k)
+    logits = (q @ k.transpose(-1, -2) / math.sqrt(hd)).masked_fill(~attend[:, None, None, :], float("-inf"))
+    y = (torch.softmax(logits, -1) @ v).transpose(1, 2).reshape(B, T, D)
+    torch.testing.assert_close(got, y @ w["out_proj.weight"].T + w["out_proj.bias"], atol=1e-6, rtol=0)
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
