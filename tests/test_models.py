@@ -431,19 +431,43 @@ def test_encoder_layer_equals_torch_transformer_encoder_layer(norm_first, activa
     torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
-def test_classifier_equals_paper_model_built_from_torch_modules(norm_first, activation):
-    model = tiny_model("learned", "gate_scalar", norm_first=norm_first, activation=activation).eval()
+def reference_positions(pe_type: str, w: dict[str, torch.Tensor], T: int) -> torch.Tensor:
+    """P (T, d) of SPEC §1: the fixed tables written out, the learned ones read from the model's parameters."""
+    t = torch.arange(T, dtype=torch.float64)[:, None]
+    angle = t / 10000.0 ** (2 * torch.arange(D // 2, dtype=torch.float64) / D)  # (T, d/2): t·f_i
+    if pe_type == "sinusoidal":  # interleaved: P[t, 2i] = sin, P[t, 2i + 1] = cos
+        return torch.stack((angle.sin(), angle.cos()), dim=-1).reshape(T, D).float()
+    if pe_type == "rope":  # the paper's variant: sin block, then cos block
+        return torch.cat((angle.sin(), angle.cos()), dim=-1).float()
+    if pe_type == "learned":
+        return w["positional.embed.weight"][:T]
+    if pe_type == "relative":
+        return w["positional.table"][:T]
+    assert pe_type == "none"
+    return torch.zeros(T, D)
+
+
+@pytest.mark.parametrize("pe_type,fusion,norm_first,activation", [
+    ("learned", "gate_scalar", False, "relu"), ("learned", "gate_scalar", True, "gelu"),
+    ("sinusoidal", "concat", False, "relu"), ("rope", "mlp_gate", False, "relu"), ("relative", "gate_cnn", False, "relu"),
+    ("none", "add", False, "relu")])
+def test_classifier_equals_paper_model_built_from_torch_modules(pe_type, fusion, norm_first, activation):
+    """Logits = head(mean over real tokens of TransformerEncoder(fuse(Embedding(x)·√d, P))), with PyTorch's own
+    encoder stack and everything else from SPEC's formulas on the model's parameters by name."""
+    model = tiny_model(pe_type, fusion, norm_first=norm_first, activation=activation).eval()
     stack = nn.TransformerEncoder(
         nn.TransformerEncoderLayer(D, NHEAD, FF, 0.1, activation=activation, batch_first=True, norm_first=norm_first),
         num_layers=LAYERS, enable_nested_tensor=False).eval()
     for ours, theirs in zip(model.layers, stack.layers):
         theirs.load_state_dict(ours.state_dict())
+    w = {name: p.detach() for name, p in model.named_parameters()}
     x = documents(20, 9, 14, T=20)
     pad = x == 0
     with torch.no_grad():
-        H = model.fuse(model.embed(x) * math.sqrt(D), model.positional(20), pad)
+        E = w["embed.weight"][x] * math.sqrt(D)
+        fuse = {name.removeprefix("fuse."): p for name, p in w.items() if name.startswith("fuse.")}
+        H = reference_fuse(fusion, fuse, E, reference_positions(pe_type, w, 20)[None], pad)
         out = stack(H, src_key_padding_mask=pad)
         mask = (~pad).unsqueeze(-1).float()
-        expected = model.head((out * mask).sum(1) / mask.sum(1))
+        expected = (out * mask).sum(1) / mask.sum(1) @ w["head.weight"].T + w["head.bias"]
         torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=0)
