@@ -449,8 +449,8 @@ def reference_positions(pe_type: str, w: dict[str, torch.Tensor], T: int) -> tor
 
 @pytest.mark.parametrize("pe_type,fusion,norm_first,activation", [
     ("learned", "gate_scalar", False, "relu"), ("learned", "gate_scalar", True, "gelu"),
-    ("sinusoidal", "concat", False, "relu"), ("rope", "mlp_gate", False, "relu"), ("relative", "gate_cnn", False, "relu"),
-    ("none", "add", False, "relu")])
+    ("sinusoidal", "concat", False, "relu"), ("rope", "mlp_gate", False, "relu"),
+    ("relative", "gate_cnn", False, "relu"), ("none", "add", False, "relu")])
 def test_classifier_equals_paper_model_built_from_torch_modules(pe_type, fusion, norm_first, activation):
     """Logits = head(mean over real tokens of TransformerEncoder(fuse(Embedding(x)·√d, P))), with PyTorch's own
     encoder stack and everything else from SPEC's formulas on the model's parameters by name."""
