@@ -14,7 +14,7 @@ from torch import nn
 from pefusion import ConfigError, ModelConfig, build_model, build_model_from_config
 from pefusion.fusion.config import FUSIONS, PAPER_FUSIONS, PAPER_PE_TYPES, PE_TYPES
 from conftest import allowed_pairs
-from pefusion.fusion.model import EncoderLayer
+from pefusion.fusion.model import EncoderLayer, SelfAttention
 from pefusion.fusion.operators import build_fusion
 from pefusion.fusion.positional import ALiBi, PaperRelative, PaperRope, Rotary, Sinusoidal, build_positional
 
@@ -239,10 +239,43 @@ def test_rotary_scores_depend_on_relative_position_only():
     torch.testing.assert_close(scores[0, 0], q @ k)  # position 0 is the identity
 
 
-def test_rotary_acts_per_head_on_queries_and_keys():
-    x = torch.randn(2, NHEAD, 5, D // NHEAD)
+def reference_rotate(x: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding written out (the "rotate half" layout of pefusion.fusion.positional.Rotary), x (..., T, hd):
+    out[t, j] = x_j cos(t f_j) − x_{j+hd/2} sin(t f_j), out[t, j + hd/2] = x_{j+hd/2} cos(t f_j) + x_j sin(t f_j),
+    f_j = 10000^(−2j/hd), j < hd/2."""
+    T, hd = x.shape[-2:]
+    half = hd // 2
+    t = torch.arange(T, dtype=torch.float64)[:, None]
+    angle = t * 10000.0 ** (-2 * torch.arange(half, dtype=torch.float64) / hd)  # (T, hd/2)
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat((first * angle.cos() - second * angle.sin(), second * angle.cos() + first * angle.sin()), -1)
+
+
+def test_rotary_is_the_closed_form_rotation_of_each_head():
+    x = torch.randn(2, NHEAD, MAX_LEN, D // NHEAD, dtype=torch.float64)
     rotary = Rotary(max_len=MAX_LEN, head_dim=D // NHEAD)
-    torch.testing.assert_close(rotary(x)[:, 1], rotary(x[:, 1]))  # heads are rotated alike and independently
+    # the cos/sin tables are float32 buffers, hence 1e-6
+    torch.testing.assert_close(rotary(x), reference_rotate(x), atol=1e-6, rtol=0)
+    torch.testing.assert_close(rotary(x[..., :7, :]), reference_rotate(x[..., :7, :]), atol=1e-6, rtol=0)
+
+
+def test_rotary_acts_per_head_on_queries_and_keys():
+    """SelfAttention with rotary = softmax(R(q) R(k)ᵀ / √hd) v per head, q, k, v from in_proj by parameter name:
+    queries and keys are rotated, values are not."""
+    torch.manual_seed(0)
+    B, T, hd = 2, 9, D // NHEAD
+    attn = SelfAttention(D, NHEAD, dropout=0.1).double().eval()
+    w = {name: p.detach() for name, p in attn.named_parameters()}
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    attend = torch.arange(T)[None, :] < torch.tensor([[T], [5]])  # (B, T): document 2 has 5 tokens
+    with torch.no_grad():
+        got = attn(x, attend[:, None, None, :], Rotary(max_len=MAX_LEN, head_dim=hd))
+    heads = lambda y: y.view(B, T, NHEAD, hd).transpose(1, 2)  # (B, H, T, hd)
+    q, k, v = (heads(x @ W.T + b) for W, b in zip(w["in_proj_weight"].chunk(3), w["in_proj_bias"].chunk(3)))
+    q, k = reference_rotate(q), reference_rotate(k)
+    logits = (q @ k.transpose(-1, -2) / math.sqrt(hd)).masked_fill(~attend[:, None, None, :], float("-inf"))
+    y = (torch.softmax(logits, -1) @ v).transpose(1, 2).reshape(B, T, D)
+    torch.testing.assert_close(got, y @ w["out_proj.weight"].T + w["out_proj.bias"], atol=1e-6, rtol=0)
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
@@ -263,31 +296,110 @@ def test_alibi_bias_is_minus_slope_times_distance():
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return x @ w.T + b
+
+
+def _sigmoid(z: torch.Tensor) -> torch.Tensor:
+    return 1 / (1 + torch.exp(-z))
+
+
+def _mlp(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Linear(2d, d) -> ReLU -> Linear(d, d), from the parameters alone."""
+    return _linear(_linear(x, w["net.0.weight"], w["net.0.bias"]).clamp(min=0), w["net.2.weight"], w["net.2.bias"])
+
+
+# What each operator's parameters are called, and their shapes (d = D, K = KERNEL): the reference below reads them
+# by these names, so an operator that renamed or reshaped them fails here rather than in the formula.
+FUSION_PARAMETERS = {
+    "add": {}, "mul": {}, "none": {},
+    "concat": {"net.weight": (D, 2 * D), "net.bias": (D,)},
+    "gate_scalar": {"net.weight": (1, 2 * D), "net.bias": (1,)},
+    "gate_vector": {"net.weight": (D, 2 * D), "net.bias": (D,)},
+    "mlp": {"net.0.weight": (D, 2 * D), "net.0.bias": (D,), "net.2.weight": (D, D), "net.2.bias": (D,)},
+    "mlp_gate": {"net.0.weight": (D, 2 * D), "net.0.bias": (D,), "net.2.weight": (D, D), "net.2.bias": (D,)},
+    "gate_cnn": {"conv.weight": (D, 1, KERNEL), "conv.bias": (D,)},
+}
+
+
+def reference_fuse(fusion: str, w: dict[str, torch.Tensor], E: torch.Tensor, P: torch.Tensor,
+                   pad: torch.Tensor | None = None, order: str = "EP") -> torch.Tensor:
+    """H = fuse(E, P) of SPEC §1 in plain tensor algebra on the operator's parameters `w` (never its modules).
+
+    `order="PE"` feeds [P; E] instead of [E; P] to the sub-network: the test uses it to show that its random
+    weights tell the two orders apart. gate_cnn: SPEC's depthwise Conv1d over the positions of P with "same"
+    (zero) padding, K odd, written as a cross-correlation (PyTorch's Conv1d, no kernel flip):
+        z[b, t, c] = bias[c] + Σ_k weight[c, 0, k] · P̃[b, t + k − K//2, c]
+    with one deliberate addition to SPEC (pefusion/fusion.py, ConvGate): P̃ is P with the batch's padding
+    positions zeroed as well as the positions outside 0..T−1, so a document's gates near its end do not depend on
+    how much padding its batch has.
+    """
+    P = P.expand_as(E)
+    if fusion == "add":
+        return E + P
+    if fusion == "mul":
+        return E * P
+    if fusion == "none":
+        return E
+    EP = torch.cat([E, P] if order == "EP" else [P, E], dim=-1)  # (B, T, 2d)
+    if fusion == "concat":
+        return _linear(EP, w["net.weight"], w["net.bias"])
+    if fusion == "mlp":
+        return _mlp(EP, w)
+    if fusion in ("gate_scalar", "gate_vector"):
+        z = _linear(EP, w["net.weight"], w["net.bias"])  # (B, T, 1) or (B, T, d)
+    elif fusion == "mlp_gate":
+        z = _mlp(EP, w)
+    elif fusion == "gate_cnn":
+        kernel, T = w["conv.weight"].shape[-1], E.shape[1]
+        P_tilde = P if pad is None else P.masked_fill(pad[..., None], 0.0)
+        zeros = P.new_zeros(P.shape[0], kernel // 2, P.shape[2])
+        padded = torch.cat([zeros, P_tilde, zeros], dim=1)  # (B, T + K - 1, d): position t sits at t + K//2
+        z = w["conv.bias"] + sum(w["conv.weight"][:, 0, k] * padded[:, k:k + T] for k in range(kernel))
+    else:
+        raise AssertionError(f"no reference for fusion {fusion!r}")
+    g = _sigmoid(z)
+    return g * E + (1 - g) * P
+
+
+def float64_fusion(fusion: str, seed: int = 0) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The operator in float64, and its parameters by name (checked against FUSION_PARAMETERS)."""
+    torch.manual_seed(seed)
+    op = build_fusion(ModelConfig(d_model=D, nhead=NHEAD, pe_type="rotary" if fusion == "none" else "sinusoidal",
+                                  fusion=fusion, gate_kernel=KERNEL)).double()
+    w = dict(op.named_parameters())
+    assert {name: tuple(p.shape) for name, p in w.items()} == FUSION_PARAMETERS[fusion]
+    return op, {name: p.detach() for name, p in w.items()}
+
+
 @pytest.mark.parametrize("fusion", FUSIONS)
 def test_fusion_operator_values(fusion):
-    torch.manual_seed(0)
-    op = build_fusion(ModelConfig(d_model=D, nhead=NHEAD, pe_type="rotary" if fusion == "none" else "sinusoidal",
-                                  fusion=fusion, gate_kernel=KERNEL))
-    E, P = torch.randn(2, 6, D), torch.randn(1, 6, D)
-    H = op(E, P, torch.zeros(2, 6, dtype=torch.bool))
+    """Each operator equals SPEC's formula computed from its parameters, in float64, with random E and P and a
+    batch of a full and a padded document."""
+    op, w = float64_fusion(fusion)
+    gen = torch.Generator().manual_seed(1)
+    E = torch.randn(2, 6, D, dtype=torch.float64, generator=gen)
+    P = torch.randn(1, 6, D, dtype=torch.float64, generator=gen)
+    pad = torch.arange(6)[None, :] >= torch.tensor([[6], [4]])  # document 2: 4 tokens, 2 pads
+    with torch.no_grad():
+        H = op(E, P, pad)
     assert H.shape == (2, 6, D)
-    expected = {"add": E + P, "mul": E * P, "none": E}
-    if fusion in expected:
-        torch.testing.assert_close(H, expected[fusion])
-    elif fusion in ("concat", "mlp"):
-        torch.testing.assert_close(H, op.net(torch.cat([E, P.expand_as(E)], dim=-1)))
-    else:  # gates: a convex combination, so E == P gives back E, and H lies between E and P
-        same = E[:1]
-        torch.testing.assert_close(op(same, same, None), same)
-        lo, hi = torch.minimum(E, P), torch.maximum(E, P)
-        assert ((H >= lo - 1e-6) & (H <= hi + 1e-6)).all()
+    expected = reference_fuse(fusion, w, E, P, pad)
+    # gate_cnn's H at padding positions is masked out downstream and SPEC says nothing of it: compare real ones
+    compared = ~pad if fusion == "gate_cnn" else torch.ones_like(pad)
+    torch.testing.assert_close(H[compared], expected[compared], atol=1e-12, rtol=1e-12)
+    if fusion in ("concat", "mlp", "gate_scalar", "gate_vector", "mlp_gate"):  # the operators fed [E; P]: their
+        # random weights tell [E; P] from [P; E], so the comparison above would catch a swapped order
+        assert (reference_fuse(fusion, w, E, P, pad, order="PE") - expected)[compared].abs().max() > 1e-2
 
 
 def test_gate_scalar_has_one_gate_per_position():
-    op = build_fusion(ModelConfig(d_model=D, nhead=NHEAD, fusion="gate_scalar"))
-    E, P = torch.randn(1, 4, D), torch.randn(1, 4, D)
-    g = (op(E, P) - P) / (E - P)  # (1, 4, D): the gate, the same in every feature
-    torch.testing.assert_close(g, g[..., :1].expand_as(g), atol=1e-4, rtol=1e-4)
+    op, _ = float64_fusion("gate_scalar")
+    E, P = torch.randn(1, 4, D, dtype=torch.float64), torch.randn(1, 4, D, dtype=torch.float64)
+    with torch.no_grad():
+        g = (op(E, P) - P) / (E - P)  # (1, 4, D): the gate, the same in every feature
+    torch.testing.assert_close(g, g[..., :1].expand_as(g), atol=1e-9, rtol=1e-9)
+    assert (g[0, :, 0] - g[0, 0, 0]).abs().max() > 1e-3  # but not the same at every position
 
 
 def test_gate_cnn_ignores_positions_behind_padding():
@@ -320,19 +432,43 @@ def test_encoder_layer_equals_torch_transformer_encoder_layer(norm_first, activa
     torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
-def test_classifier_equals_paper_model_built_from_torch_modules(norm_first, activation):
-    model = tiny_model("learned", "gate_scalar", norm_first=norm_first, activation=activation).eval()
+def reference_positions(pe_type: str, w: dict[str, torch.Tensor], T: int) -> torch.Tensor:
+    """P (T, d) of SPEC §1: the fixed tables written out, the learned ones read from the model's parameters."""
+    t = torch.arange(T, dtype=torch.float64)[:, None]
+    angle = t / 10000.0 ** (2 * torch.arange(D // 2, dtype=torch.float64) / D)  # (T, d/2): t·f_i
+    if pe_type == "sinusoidal":  # interleaved: P[t, 2i] = sin, P[t, 2i + 1] = cos
+        return torch.stack((angle.sin(), angle.cos()), dim=-1).reshape(T, D).float()
+    if pe_type == "rope":  # the paper's variant: sin block, then cos block
+        return torch.cat((angle.sin(), angle.cos()), dim=-1).float()
+    if pe_type == "learned":
+        return w["positional.embed.weight"][:T]
+    if pe_type == "relative":
+        return w["positional.table"][:T]
+    assert pe_type == "none"
+    return torch.zeros(T, D)
+
+
+@pytest.mark.parametrize("pe_type,fusion,norm_first,activation", [
+    ("learned", "gate_scalar", False, "relu"), ("learned", "gate_scalar", True, "gelu"),
+    ("sinusoidal", "concat", False, "relu"), ("rope", "mlp_gate", False, "relu"),
+    ("relative", "gate_cnn", False, "relu"), ("none", "add", False, "relu")])
+def test_classifier_equals_paper_model_built_from_torch_modules(pe_type, fusion, norm_first, activation):
+    """Logits = head(mean over real tokens of TransformerEncoder(fuse(Embedding(x)·√d, P))), with PyTorch's own
+    encoder stack and everything else from SPEC's formulas on the model's parameters by name."""
+    model = tiny_model(pe_type, fusion, norm_first=norm_first, activation=activation).eval()
     stack = nn.TransformerEncoder(
         nn.TransformerEncoderLayer(D, NHEAD, FF, 0.1, activation=activation, batch_first=True, norm_first=norm_first),
         num_layers=LAYERS, enable_nested_tensor=False).eval()
     for ours, theirs in zip(model.layers, stack.layers):
         theirs.load_state_dict(ours.state_dict())
+    w = {name: p.detach() for name, p in model.named_parameters()}
     x = documents(20, 9, 14, T=20)
     pad = x == 0
     with torch.no_grad():
-        H = model.fuse(model.embed(x) * math.sqrt(D), model.positional(20), pad)
+        E = w["embed.weight"][x] * math.sqrt(D)
+        fuse = {name.removeprefix("fuse."): p for name, p in w.items() if name.startswith("fuse.")}
+        H = reference_fuse(fusion, fuse, E, reference_positions(pe_type, w, 20)[None], pad)
         out = stack(H, src_key_padding_mask=pad)
         mask = (~pad).unsqueeze(-1).float()
-        expected = model.head((out * mask).sum(1) / mask.sum(1))
+        expected = (out * mask).sum(1) / mask.sum(1) @ w["head.weight"].T + w["head.bias"]
         torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=0)
