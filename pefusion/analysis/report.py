@@ -23,6 +23,7 @@ from pefusion.analysis import formats as FM
 from pefusion.analysis import fusion_tables as FT
 from pefusion.analysis import runs as RU
 from pefusion.analysis import student_tables as ST
+from pefusion.sweep.tracking import log_artifacts_to_run
 
 Curve = Mapping[float, float]
 
@@ -321,13 +322,7 @@ def build_report(sweep: RU.Sweep, out: str | Path = "results", baseline: str = "
 def log_to_parent(sweep: RU.Sweep, paths: Sequence[Path]) -> None:
     """Log files to the sweep's parent run: results/ for tables and the page, results/figures/ for figures (PDFs
     beside the PNGs included)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=sweep.tracking_uri)
-    for path in paths:
-        is_figure = path.suffix == ".png"
-        targets = [path, path.with_suffix(".pdf")] if is_figure else [path]
-        folder = f"{R.ARTIFACT_RESULTS_DIR}/figures" if is_figure else R.ARTIFACT_RESULTS_DIR
-        for target in targets:
-            if target.exists():
-                client.log_artifact(sweep.parent_run_id, str(target), artifact_path=folder)
+    tables = [p for p in paths if p.suffix != ".png"]
+    figures = [f for p in paths if p.suffix == ".png" for f in (p, p.with_suffix(".pdf"))]
+    for files, folder in ((tables, R.ARTIFACT_RESULTS_DIR), (figures, f"{R.ARTIFACT_RESULTS_DIR}/figures")):
+        log_artifacts_to_run(sweep.tracking_uri, sweep.parent_run_id, [f for f in files if f.exists()], folder)
