@@ -25,7 +25,7 @@ import pandas as pd
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.sweep.tracking import check_tracking, resolve_tracking_uri
+from pefusion.sweep.tracking import check_tracking, mlflow_client, resolve_tracking_uri
 
 DEMO_HINT = ("run python sweeps/arxiv_grid.py --preset demo first "
              "(or python sweeps/lambda_cv.py --preset demo for the student study)")
@@ -72,13 +72,6 @@ def _check_store(uri: str) -> None:
                                 f"or pass --tracking-uri")
     else:
         check_tracking(uri)
-
-
-def _client(uri: str):
-    from mlflow.tracking import MlflowClient
-
-    _check_store(uri)
-    return MlflowClient(tracking_uri=uri)
 
 
 def _one_line(exc: Exception) -> str:
@@ -185,7 +178,8 @@ def load_sweep(tracking_uri: str | None, experiment: str, parent_run: str | None
     Raises AnalysisError (one line) for an unreachable store, an unknown experiment or run, or no trial runs.
     """
     uri = resolve_tracking_uri(tracking_uri)
-    client = _client(uri)
+    _check_store(uri)
+    client = mlflow_client(uri)
     exp_id = _experiment_id(client, uri, experiment)
     runs = _all_runs(client, exp_id)
     parent = None

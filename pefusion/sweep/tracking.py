@@ -81,14 +81,15 @@ def command_line() -> str:
     return " ".join([Path(sys.executable).name, *sys.argv])
 
 
-def _client(uri: str):
+def mlflow_client(uri: str):
+    """The MLflow client of the tracking store at `uri`, for reading and writing runs."""
     from mlflow.tracking import MlflowClient
     return MlflowClient(tracking_uri=uri)
 
 
 def ensure_experiment(uri: str, name: str) -> str:
     """The experiment's id; created on first use with artifacts in an absolute ./mlartifacts for local stores."""
-    client = _client(uri)
+    client = mlflow_client(uri)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
@@ -100,7 +101,7 @@ def ensure_experiment(uri: str, name: str) -> str:
 
 def log_artifacts_to_run(uri: str, run_id: str, paths: Iterable[Path], artifact_path: str) -> None:
     """Log files to an existing run, under `artifact_path` in its artifacts."""
-    client = _client(uri)
+    client = mlflow_client(uri)
     for p in paths:
         client.log_artifact(run_id, str(p), artifact_path)
 
@@ -135,7 +136,7 @@ class SweepRecorder:
 
     @property
     def client(self):
-        return _client(self.uri)
+        return mlflow_client(self.uri)
 
     def _search(self, filter_string: str) -> list:
         return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=5000)
