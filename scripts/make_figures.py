@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from pefusion.analysis.tables import published_alpha_curves
+from pefusion.analysis.student_tables import published_alpha_curves
 from pefusion.cli.flags import run_main
-from pefusion.analysis.report import add_source_flags, load_sweep_from_args, write_figures
+from pefusion.analysis.report import write_figures
+from pefusion.cli.analysis import add_source_flags, load_sweep_from_args
 from pefusion.sweep.tracking import PEFUSION_EXPERIMENT
 
 

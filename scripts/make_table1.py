@@ -11,7 +11,8 @@ import argparse
 from typing import Sequence
 
 from pefusion.cli.flags import run_main
-from pefusion.analysis.report import add_source_flags, load_sweep_from_args, write_table1
+from pefusion.analysis.report import write_table1
+from pefusion.cli.analysis import add_source_flags, load_sweep_from_args
 from pefusion.sweep.tracking import PEFUSION_EXPERIMENT
 
 

@@ -13,9 +13,13 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from pefusion.analysis import tables as A
 from pefusion import record as R
-from pefusion.analysis.report import build_report
+from pefusion.analysis import formats as FM
+from pefusion.analysis import fusion_tables as FT
+from pefusion.analysis import runs as RU
+from pefusion.analysis import student_tables as ST
+from pefusion.analysis.report import build_report, notes
+from pefusion.errors import ConfigError
 
 from conftest import REPO, load_script
 
@@ -157,7 +161,7 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trials(store):
-    return A.load_trial_runs(store["uri"], "pe-fusion", store["parent"])
+    return RU.load_trial_runs(store["uri"], "pe-fusion", store["parent"])
 
 
 def _assert_png(path: Path) -> None:
@@ -178,18 +182,18 @@ def test_loader_reads_trials_with_status_and_parsed_params(store, trials):
     assert trials[R.SEED].dtype == "Int64" and trials["lr"].dtype == "float64"
     bad = trials[trials[R.STATUS] != R.STATUS_OK]
     assert len(bad) == 1 and bad[R.ERROR].iloc[0] == "non-finite training loss at epoch 2"
-    assert A.study_of(trials) == "pefusion"
-    everything = A.load_trial_runs(store["uri"], "pe-fusion")  # no parent: both sweeps' trials
+    assert RU.study_of(trials) == "pefusion"
+    everything = RU.load_trial_runs(store["uri"], "pe-fusion")  # no parent: both sweeps' trials
     assert len(everything) == len(trials) + 1
-    untagged = A.load_trial_runs(store["uri"], "other-tool")  # runs of other tools, no tags
+    untagged = RU.load_trial_runs(store["uri"], "other-tool")  # runs of other tools, no tags
     assert sorted(untagged[R.TEST_ACC]) == [0.6, 0.7]
 
 
 def test_latest_sweep_and_run_prefix(store):
-    sweep = A.load_sweep(store["uri"], "pe-fusion", latest_sweep=True)
+    sweep = RU.load_sweep(store["uri"], "pe-fusion", latest_sweep=True)
     assert sweep.parent_run_id == store["parent"] and sweep.name == "arxiv_grid"
     assert sweep.parent_tags[R.TAG_COMMAND] == COMMAND
-    assert A.load_sweep(store["uri"], "pe-fusion", store["old"][:10]).parent_run_id == store["old"]
+    assert RU.load_sweep(store["uri"], "pe-fusion", store["old"][:10]).parent_run_id == store["old"]
 
 
 def test_loader_errors_are_one_line(store, tmp_path):
@@ -197,25 +201,25 @@ def test_loader_errors_are_one_line(store, tmp_path):
              (dict(tracking_uri=store["uri"], experiment="nope"), "no experiment named 'nope'"),
              (dict(tracking_uri=store["uri"], experiment="empty"), "has no finished trial runs; run python sweeps")]
     for kwargs, text in cases:
-        with pytest.raises(A.AnalysisError, match=text) as info:
-            A.load_trial_runs(**kwargs)
+        with pytest.raises(RU.AnalysisError, match=text) as info:
+            RU.load_trial_runs(**kwargs)
         assert "\n" not in str(info.value)
     assert not (tmp_path / "nothing.db").exists()  # never creates a store by looking
-    with pytest.raises(A.ConfigError, match="unreachable"):  # a closed local port: refused at once
-        A.load_trial_runs("http://127.0.0.1:9", "pe-fusion")
+    with pytest.raises(ConfigError, match="unreachable"):  # a closed local port: refused at once
+        RU.load_trial_runs("http://127.0.0.1:9", "pe-fusion")
 
 
 def test_search_sweep_ranks_trials_and_stopped_is_not_failed(tmp_path):
     trials = pd.DataFrame({
-        A.TRIAL_ID: ["a", "b", "c"], A.RUN_ID: ["r1", "r2", "r3"], "lr": [1e-3, 1e-4, 3e-4],
+        RU.TRIAL_ID: ["a", "b", "c"], RU.RUN_ID: ["r1", "r2", "r3"], "lr": [1e-3, 1e-4, 3e-4],
         "batch_size": [32, 32, 32], R.STATUS: [R.STATUS_OK, R.STATUS_STOPPED, R.STATUS_ERROR],
         R.ERROR: ["", "", "boom"], R.BEST_VAL_ACC: [0.6, 0.7, np.nan], R.TEST_ACC: [0.5, np.nan, np.nan]})
-    table = A.search_table(trials)
-    assert list(table[A.TRIAL_ID]) == ["b", "a", "c"] and "batch_size" not in table  # only what varies
+    table = FT.search_table(trials)
+    assert list(table[RU.TRIAL_ID]) == ["b", "a", "c"] and "batch_size" not in table  # only what varies
     assert table[R.BEST_VAL_ACC].iloc[0] == pytest.approx(70.0)
-    assert list(A.failed(trials)[A.TRIAL_ID]) == ["c"]
-    sweep = A.Sweep("sqlite:///unused.db", "pe-fusion", trials.assign(**{A.START_TIME: 0}), "f" * 32,
-                    {R.TAG_SWEEP: "lr_batch_asha", R.TAG_COMMAND: "python sweeps/lr_batch_asha.py"})
+    assert list(RU.failed(trials)[RU.TRIAL_ID]) == ["c"]
+    sweep = RU.Sweep("sqlite:///unused.db", "pe-fusion", trials.assign(**{RU.START_TIME: 0}), "f" * 32,
+                     {R.TAG_SWEEP: "lr_batch_asha", R.TAG_COMMAND: "python sweeps/lr_batch_asha.py"})
     page, written = build_report(sweep, tmp_path, log_to_mlflow=False)
     text = page.read_text()
     assert page.name == "report_lr_batch_asha_ffffffff.html" and "Search trials" in text and "boom" in text
@@ -233,7 +237,7 @@ def _ok_seeds(pe: str, fu: str) -> list[int]:
 
 
 def test_table1_exact(trials):
-    table = A.table1(trials).set_index(["pe_type", "fusion"])
+    table = FT.table1(trials).set_index(["pe_type", "fusion"])
     assert list(table.index) == [(p, f) for p in PES for f in FUSIONS]
     for pe in PES:
         for fu in FUSIONS:
@@ -248,14 +252,14 @@ def test_table1_exact(trials):
             assert row.lat_ms_mean == pytest.approx(lat.mean(), rel=1e-12)
             assert row.lat_ms_std == pytest.approx(lat.std(ddof=1), rel=1e-9)
             assert row.n_failed == (1 if (pe, fu) == FAILED[:2] else 0)
-            assert (row.published_mean, row.published_std) == A.ARXIV_TABLE3[(pe, fu)]
+            assert (row.published_mean, row.published_std) == FT.ARXIV_TABLE3[(pe, fu)]
 
 
 def test_table1_published_only_for_arxiv_and_renderings(trials):
-    other = A.table1(trials.assign(**{R.DATASET: "synthetic"}))
-    assert "published_mean" not in other and list(other.columns) == list(A.TABLE1_COLUMNS)
-    display = A.table1_display(A.table1(trials))
-    markdown, latex = A.to_markdown(display), A.to_latex(display, "Table 1")
+    other = FT.table1(trials.assign(**{R.DATASET: "synthetic"}))
+    assert "published_mean" not in other and list(other.columns) == list(FT.TABLE1_COLUMNS)
+    display = FT.table1_display(FT.table1(trials))
+    markdown, latex = FM.to_markdown(display), FM.to_latex(display, "Table 1")
     assert "| sinusoidal | add | 3 |" in markdown and "59.22 ± 1.07" in markdown  # the paper beside ours, in %
     mean = np.mean([accuracy("sinusoidal", "add", s) * 100 for s in SEEDS])
     assert f"{mean:.2f} ± " in markdown
@@ -263,15 +267,15 @@ def test_table1_published_only_for_arxiv_and_renderings(trials):
 
 
 def test_superseded_runs_are_left_out_and_noted(store, trials):
-    sweep = A.load_sweep(store["uri"], "pe-fusion")  # both sweeps: the old run repeats (sinusoidal, add, 0)
-    pd.testing.assert_frame_equal(A.table1(sweep.trials), A.table1(trials))
-    remarks = A.notes(sweep)
+    sweep = RU.load_sweep(store["uri"], "pe-fusion")  # both sweeps: the old run repeats (sinusoidal, add, 0)
+    pd.testing.assert_frame_equal(FT.table1(sweep.trials), FT.table1(trials))
+    remarks = notes(sweep)
     assert any("1 of 18 trial runs failed" in r for r in remarks)
     assert any(r.startswith("1 older ok results") for r in remarks)
 
 
 def test_paired_deltas_exact_against_scipy(trials):
-    summary, per_seed = A.paired_deltas(trials, baseline="add")
+    summary, per_seed = FT.paired_deltas(trials, baseline="add")
     summary = summary.set_index(["pe_type", "fusion"])
     assert list(summary.index) == [(p, f) for p in PES for f in FUSIONS if f != "add"]
     for pe in PES:
@@ -290,28 +294,28 @@ def test_paired_deltas_exact_against_scipy(trials):
             assert row.wilcoxon_pvalue == pytest.approx(stats.wilcoxon(a, b).pvalue, rel=1e-9)
             pairs = per_seed[(per_seed.pe_type == pe) & (per_seed.fusion == fu)]
             assert list(pairs.seed) == seeds and pairs.delta.to_numpy() == pytest.approx(d, rel=1e-9)
-    with pytest.raises(A.AnalysisError, match="baseline fusion 'ad' has no runs; fusions present: add, concat"):
-        A.paired_deltas(trials, baseline="ad")
+    with pytest.raises(RU.AnalysisError, match="baseline fusion 'ad' has no runs; fusions present: add, concat"):
+        FT.paired_deltas(trials, baseline="ad")
 
 
 def test_paired_stats_undefined_cases():
-    one = A.paired_stats([0.7], [0.6])
+    one = FT.paired_stats([0.7], [0.6])
     assert one["n_pairs"] == 1 and math.isnan(one["t_pvalue"]) and "one pair" in one["note"]
-    zero = A.paired_stats([0.5, 0.6, 0.7], [0.5, 0.6, 0.7])
+    zero = FT.paired_stats([0.5, 0.6, 0.7], [0.5, 0.6, 0.7])
     assert zero["delta_mean"] == 0 and math.isnan(zero["wilcoxon_pvalue"]) and zero["note"]
-    none = A.paired_stats([], [])
+    none = FT.paired_stats([], [])
     assert none["n_pairs"] == 0 and math.isnan(none["delta_mean"])
 
 
 def test_length_buckets_and_fusion_summary(trials):
-    buckets = A.length_bucket_summary(trials)
+    buckets = FT.length_bucket_summary(trials)
     assert list(dict.fromkeys(buckets.bucket)) == ["le512", "le1024", "gt1024"]
     row = buckets[(buckets.pe_type == "learned") & (buckets.fusion == "add") & (buckets.bucket == "gt1024")].iloc[0]
     expected = np.array([(accuracy("learned", "add", s) - 0.05) * 100 for s in SEEDS])
     assert row.test_acc_mean == pytest.approx(expected.mean()) and row.n_docs_mean == 40
     empty = buckets[buckets.bucket == "le1024"]
     assert (empty.n_seeds == 0).all() and empty.test_acc_mean.isna().all() and (empty.n_docs_mean == 0).all()
-    fusions = A.fusion_summary(trials).set_index("fusion")
+    fusions = FT.fusion_summary(trials).set_index("fusion")
     pooled = [accuracy(p, "concat", s) * 100 for p in PES for s in _ok_seeds(p, "concat")]
     assert fusions.loc["concat", "n_runs"] == 5
     assert fusions.loc["concat", "test_acc_mean"] == pytest.approx(np.mean(pooled))
@@ -323,31 +327,31 @@ def test_length_buckets_and_fusion_summary(trials):
 
 
 def test_student_frame_and_deltas(store):
-    trials = A.load_trial_runs(store["uri"], "student-attention")
-    student = A.student_frame(trials)
+    trials = RU.load_trial_runs(store["uri"], "student-attention")
+    student = ST.student_frame(trials)
     n_cv, n_phase = len(ALPHAS_CV) * 2 * 2, len(ALPHAS_PHASE) * len(OMEGAS_PHASE) * 2
     assert len(student) == n_cv + n_phase
     assert set(student.columns) >= {R.ALPHA, R.OMEGA, R.SIGMA, R.SEED, R.D, R.INIT, R.EPS_G, R.EPS_T, R.M,
                                     R.THETA, R.EPS_LIN, R.LAMBDA_STAR}
-    deltas = A.student_deltas(student)
-    cv = deltas[deltas.source == A.SOURCE_CV]
+    deltas = ST.student_deltas(student)
+    cv = deltas[deltas.source == ST.SOURCE_CV]
     assert len(cv) == len(ALPHAS_CV) * 2 - 1  # the failed positional run leaves its seed unpaired
     for row in cv.itertuples():
         assert row.delta_eps_t == pytest.approx(0.1 * (row.alpha - 1.0) + 0.001 * row.seed, abs=1e-12)
-    summary = A.student_delta_summary(deltas)
-    cv_summary = summary[summary.source == A.SOURCE_CV].set_index(R.ALPHA)
+    summary = ST.student_delta_summary(deltas)
+    cv_summary = summary[summary.source == ST.SOURCE_CV].set_index(R.ALPHA)
     assert cv_summary.loc[1.6, "n_pairs"] == 1 and cv_summary.loc[0.8, "lower_train_loss"] == "positional"
     assert cv_summary.loc[1.2, "lower_train_loss"] == "semantic"
-    crossing = A.crossing_alphas(summary, ALPHA_C)
-    row = crossing[crossing.source == A.SOURCE_CV].iloc[0]
+    crossing = ST.crossing_alphas(summary, ALPHA_C)
+    row = crossing[crossing.source == ST.SOURCE_CV].iloc[0]
     # mean Δε_t: 0.1 (α − 1) + 0.0005 at α = 0.8 and 1.2 → crossing at 0.8 + 0.4 · 0.0195 / 0.04
     assert row.alpha_c_estimate == pytest.approx(0.8 + 0.4 * 0.0195 / 0.04) and row.alpha_c_published == 1.241
-    phase = summary[summary.source == A.SOURCE_PHASE]
+    phase = summary[summary.source == ST.SOURCE_PHASE]
     assert len(phase) == len(ALPHAS_PHASE) * len(OMEGAS_PHASE)
     for row in phase.itertuples():
         assert row.lower_train_loss == ("semantic" if row.alpha > ALPHA_C[row.omega] else "positional")
-    lam = A.student_summary(student)
-    lam = lam[(lam.source == A.SOURCE_CV) & (lam[R.INIT] == "semantic")].set_index(R.ALPHA)
+    lam = ST.student_summary(student)
+    lam = lam[(lam.source == ST.SOURCE_CV) & (lam[R.INIT] == "semantic")].set_index(R.ALPHA)
     assert lam.loc[0.4, "lam_star_mean"] == pytest.approx(0.014) and lam.loc[0.4, "n_seeds"] == 2
 
 
@@ -394,7 +398,7 @@ def test_report_pefusion_sweep_logged_to_parent(store, tmp_path):
 
 
 def test_report_student_sweep(store, tmp_path):
-    assert A.load_sweep(store["uri"], "student-attention", latest_sweep=True).name == "phase_diagram"
+    assert RU.load_sweep(store["uri"], "student-attention", latest_sweep=True).name == "phase_diagram"
     argv = ["--tracking-uri", store["uri"], "--experiment", "student-attention", "--parent-run", store["cv"],
             "--out", str(tmp_path), "--no-log"]
     assert load_script("scripts/report.py").main(argv) == 0

@@ -1,4 +1,5 @@
-"""The papers' figures, drawn from the analysis tables (pefusion.analysis.tables) and saved as PNG (dpi 150) and PDF.
+"""The papers' figures, drawn from the analysis tables (pefusion.analysis.fusion_tables, .student_tables) and saved
+as PNG (dpi 150) and PDF.
 
 Every figure is a `matplotlib.figure.Figure` on an explicit Agg canvas: no pyplot state, no display needed, and
 importing this module never changes the backend of a notebook that imports it.
@@ -20,8 +21,11 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from pefusion.analysis import tables as A
 from pefusion import record as R
+from pefusion.analysis import formats as FM
+from pefusion.analysis import fusion_tables as FT
+from pefusion.analysis import runs as RU
+from pefusion.analysis import student_tables as ST
 
 DPI = 150
 Curve = Mapping[float, float]
@@ -135,20 +139,20 @@ def length_bucket_figure(buckets: pd.DataFrame, dataset: str) -> Figure:
 
 def pefusion_figures(runs: pd.DataFrame, out_dir: str | Path, baseline: str = "add") -> list[Path]:
     """Every PE-fusion figure for the runs of one dataset; returns the PNG paths (PDFs sit beside them)."""
-    dataset = A.one_dataset(A.pefusion_runs(runs))
-    slug = A.dataset_slug(dataset)
+    dataset = FT.one_dataset(RU.pefusion_runs(runs))
+    slug = FM.dataset_slug(dataset)
     paths = []
-    summary, per_seed = A.paired_deltas(runs, baseline)
+    summary, per_seed = FT.paired_deltas(runs, baseline)
     for pe in dict.fromkeys(summary["pe_type"]):
         paths.append(save_figure(paired_delta_figure(summary, per_seed, pe, dataset), out_dir,
-                                 f"paired_deltas_{slug}_{A.dataset_slug(pe)}"))
-    table, fusions = A.table1(runs), A.fusion_summary(runs)
+                                 f"paired_deltas_{slug}_{FM.dataset_slug(pe)}"))
+    table, fusions = FT.table1(runs), FT.fusion_summary(runs)
     paths.append(save_figure(per_fusion_figure(table, fusions, "test_acc", dataset), out_dir,
                              f"accuracy_per_fusion_{slug}"))
     if fusions["lat_ms_mean"].notna().any():
         paths.append(save_figure(per_fusion_figure(table, fusions, "lat_ms", dataset), out_dir,
                                  f"latency_per_fusion_{slug}"))
-    buckets = A.length_bucket_summary(runs)
+    buckets = FT.length_bucket_summary(runs)
     if len(buckets):
         paths.append(save_figure(length_bucket_figure(buckets, dataset), out_dir, f"accuracy_per_length_{slug}"))
     return paths
@@ -158,7 +162,7 @@ def pefusion_figures(runs: pd.DataFrame, out_dir: str | Path, baseline: str = "a
 # Student study
 # ---------------------------------------------------------------------------------------------------------
 
-_SYMBOL = {R.OMEGA: "ω", R.SIGMA: "σ", R.D: "d", A.LAM_FIXED: "λ", "source": ""}
+_SYMBOL = {R.OMEGA: "ω", R.SIGMA: "σ", R.D: "d", ST.LAM_FIXED: "λ", "source": ""}
 
 
 def _groups(frame: pd.DataFrame, keys: Sequence[str]) -> list[tuple[str, pd.DataFrame, tuple]]:
@@ -179,7 +183,7 @@ def _alpha_lines(ax, omega_colors: Mapping[float, tuple], alpha_c: Curve | None,
     colour of that ω's first series."""
     for omega, color in omega_colors.items():
         for curve, style, name in ((alpha_c, "--", "α_c"), (alpha_l, ":", "α_l")):
-            value = A.interpolate_curve(curve, omega) if curve else math.nan
+            value = ST.interpolate_curve(curve, omega) if curve else math.nan
             if not math.isnan(value):
                 ax.axvline(value, color=color, ls=style, lw=1.2, label=f"{name}(ω={omega:g}) = {value:.3g} (paper)")
 
@@ -189,7 +193,7 @@ def student_delta_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
     """Δε_t and Δε_g = ε(positional) − ε(semantic) against α (mean ± std over seeds), one line per ω, with
     the published α_c(ω) and α_l(ω). Above zero the semantic solution is lower."""
     fig, axes = new_figure(1, 2, size=(11.0, 4.2))
-    keys = [k for k in A.DELTA_GROUP if k != R.ALPHA]
+    keys = [k for k in ST.DELTA_GROUP if k != R.ALPHA]
     groups = _groups(delta_summary, keys)
     omega_colors: dict[float, tuple] = {}
     for _, rows, color in groups:
@@ -212,7 +216,7 @@ def student_delta_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
 def student_order_figure(summary: pd.DataFrame) -> Figure:
     """m = |1ᵀQ|/d (positional overlap) and θ = |Q*ᵀQ|/d (semantic overlap) against α, per initialisation."""
     fig, axes = new_figure(1, 2, size=(11.0, 4.2))
-    groups = _groups(summary, ["source", R.OMEGA, R.SIGMA, R.D, A.LAM_FIXED, R.INIT])
+    groups = _groups(summary, ["source", R.OMEGA, R.SIGMA, R.D, ST.LAM_FIXED, R.INIT])
     for ax, quantity, name in zip(axes[0], (R.M, R.THETA), ("m = |1ᵀQ| / d", "θ = |Q*ᵀQ| / d")):
         for label, rows, color in groups:
             ax.errorbar(rows[R.ALPHA], rows[f"{quantity}_mean"], yerr=np.nan_to_num(rows[f"{quantity}_std"]),
@@ -244,7 +248,7 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
                          alpha_l: Curve | None = None) -> Figure:
     """Sign of the mean Δε_t over (α, ω): which solution reaches the lower training loss, with the published
     α_c(ω) (and α_l(ω)) curves. Uses the (source, σ, d, λ) slice with the most grid points."""
-    keys = ["source", R.SIGMA, R.D, A.LAM_FIXED]
+    keys = ["source", R.SIGMA, R.D, ST.LAM_FIXED]
     sizes = delta_summary.groupby(keys, dropna=False).size()
     chosen = sizes.idxmax()
     mask = np.logical_and.reduce([(delta_summary[k] == v) | (delta_summary[k].isna() & pd.isna(v))
@@ -252,8 +256,8 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
     grid = delta_summary[mask]
     fig, axes = new_figure(size=(6.4, 4.6))
     ax = axes[0, 0]
-    for side, color, text in ((A.SEMANTIC, "tab:blue", "semantic lower (Δε_t > 0)"),
-                              (A.POSITIONAL, "tab:red", "positional lower (Δε_t < 0)"), ("tie", "0.6", "tie")):
+    for side, color, text in ((ST.SEMANTIC, "tab:blue", "semantic lower (Δε_t > 0)"),
+                              (ST.POSITIONAL, "tab:red", "positional lower (Δε_t < 0)"), ("tie", "0.6", "tie")):
         pts = grid[grid["lower_train_loss"] == side]
         if len(pts):
             ax.scatter(pts[R.ALPHA], pts[R.OMEGA], c=color, marker="s", s=60, label=text)
@@ -272,10 +276,10 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
 
 def student_figures(student: pd.DataFrame, out_dir: str | Path, alpha_c: Curve | None = None,
                     alpha_l: Curve | None = None) -> list[Path]:
-    """Every student figure from the long student frame (analysis.student_frame); returns the PNG paths."""
+    """Every student figure from the long student frame (student_tables.student_frame); returns the PNG paths."""
     paths = []
-    summary = A.student_summary(student)
-    delta_summary = A.student_delta_summary(A.student_deltas(student))
+    summary = ST.student_summary(student)
+    delta_summary = ST.student_delta_summary(ST.student_deltas(student))
     if len(delta_summary):
         paths.append(save_figure(student_delta_figure(delta_summary, alpha_c, alpha_l), out_dir, "student_deltas"))
         paths.append(save_figure(phase_diagram_figure(delta_summary, alpha_c, alpha_l), out_dir,

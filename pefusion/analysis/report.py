@@ -2,48 +2,54 @@
 self-contained HTML page per sweep, logged back to the sweep's MLflow parent run.
 
 Everything is written under an output folder (default `results/`), figures under `<out>/figures/`. Accuracies
-in every CSV are in percent and accuracy deltas in percentage points (see pefusion.analysis.tables).
+in every CSV are in percent and accuracy deltas in percentage points (see pefusion.analysis.fusion_tables).
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import math
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import pandas as pd
 
-from pefusion.analysis import tables as A
-from pefusion.analysis import figures as F
 from pefusion import record as R
+from pefusion.analysis import figures as F
+from pefusion.analysis import formats as FM
+from pefusion.analysis import fusion_tables as FT
+from pefusion.analysis import runs as RU
+from pefusion.analysis import student_tables as ST
+from pefusion.sweep.tracking import log_artifacts_to_run
 
 Curve = Mapping[float, float]
 
 
-def add_source_flags(parser: argparse.ArgumentParser, experiment: str,
-                     parent_default: str = "every finished trial run of the experiment") -> None:
-    """The flags every analysis script shares: where the runs are and where the outputs go."""
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
-                                               "sqlite:///mlflow.db)")
-    parser.add_argument("--experiment", default=experiment, help=f"MLflow experiment (default: {experiment}; "
-                                                                 f"the student study's is student-attention)")
-    parser.add_argument("--parent-run", help="analyse the trials of this sweep parent run (id or unique prefix); "
-                                             f"default: {parent_default}")
-    parser.add_argument("--out", default="results", help="output folder (default: results/)")
-
-
-def load_sweep_from_args(args: argparse.Namespace, latest_sweep: bool = False):
-    """The runs the source flags name, with the notes a reader must know printed to stderr."""
-    from pefusion.analysis.tables import load_sweep, notes
-
-    sweep = load_sweep(args.tracking_uri, args.experiment, args.parent_run, latest_sweep=latest_sweep)
-    for note in notes(sweep):
-        print(f"note: {note}", file=sys.stderr)
-    return sweep
+def notes(sweep: RU.Sweep) -> list[str]:
+    """One-line remarks a reader of the tables must know: failed, superseded and unfinished runs."""
+    out = []
+    trials = sweep.trials
+    n_failed = len(RU.failed(trials))
+    if n_failed:
+        out.append(f"{n_failed} of {len(trials)} trial runs failed (diverged or error): excluded from every mean, "
+                   f"counted, and listed in the report")
+    superseded = 0
+    if len(RU.pefusion_runs(trials)):
+        superseded += RU.latest_ok(RU.pefusion_runs(trials), RU.PEFUSION_IDENTITY)[1]
+    if len(RU.student_runs(trials)):
+        student = ST.student_frame(trials)
+        superseded += int((student[R.STATUS] == R.STATUS_OK).sum()) - len(ST.student_ok(student))
+    n_stopped = int((trials[R.STATUS] == R.STATUS_STOPPED).sum())
+    if n_stopped:
+        out.append(f"{n_stopped} trials were stopped early by the scheduler: they have no test metrics and are "
+                   f"left out of the test-accuracy tables")
+    if superseded:
+        out.append(f"{superseded} older ok results repeat the cell (same identity params and seed) of a newer run "
+                   f"and are left out; pass --parent-run to analyse one sweep")
+    if sweep.n_unfinished:
+        out.append(f"{sweep.n_unfinished} trial runs are still running and are left out")
+    return out
 
 
 def _write_csv(frame: pd.DataFrame, path: Path) -> Path:
@@ -53,23 +59,23 @@ def _write_csv(frame: pd.DataFrame, path: Path) -> Path:
 
 
 def _per_dataset(trials: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    runs = A.pefusion_runs(trials)
+    runs = RU.pefusion_runs(trials)
     if runs.empty:
-        raise A.AnalysisError("no PE-fusion trial runs in the selection (runs need params dataset, pe_type, fusion, "
-                              "seed); for the student study pass --experiment student-attention")
-    return [(ds, runs[runs[R.DATASET].astype(str) == ds]) for ds in A.datasets(runs)]
+        raise RU.AnalysisError("no PE-fusion trial runs in the selection (runs need params dataset, pe_type, fusion, "
+                               "seed); for the student study pass --experiment student-attention")
+    return [(ds, runs[runs[R.DATASET].astype(str) == ds]) for ds in FT.datasets(runs)]
 
 
 def write_table1(trials: pd.DataFrame, out: str | Path) -> list[Path]:
     """table1_<dataset>.csv (accuracies in %), .md and .tex for each dataset of the PE-fusion runs."""
     out, paths = Path(out), []
     for dataset, runs in _per_dataset(trials):
-        slug, table = A.dataset_slug(dataset), A.table1(runs)
-        display = A.table1_display(table)
+        slug, table = FM.dataset_slug(dataset), FT.table1(runs)
+        display = FT.table1_display(table)
         paths.append(_write_csv(table, out / f"table1_{slug}.csv"))
         (out / f"table1_{slug}.md").write_text(f"Test accuracy (%), mean ± sample std over seeds — {dataset}\n\n"
-                                                + A.to_markdown(display))
-        (out / f"table1_{slug}.tex").write_text(A.to_latex(
+                                                + FM.to_markdown(display))
+        (out / f"table1_{slug}.tex").write_text(FM.to_latex(
             display, f"Test accuracy (%) mean ± std over seeds, parameters and latency (ms/sample), {dataset}"))
         paths += [out / f"table1_{slug}.md", out / f"table1_{slug}.tex"]
     return paths
@@ -81,13 +87,13 @@ def write_paired_deltas(trials: pd.DataFrame, out: str | Path, baseline: str = "
     figure per PE."""
     out, paths = Path(out), []
     for dataset, runs in _per_dataset(trials):
-        slug = A.dataset_slug(dataset)
-        summary, per_seed = A.paired_deltas(runs, baseline)
+        slug = FM.dataset_slug(dataset)
+        summary, per_seed = FT.paired_deltas(runs, baseline)
         paths.append(_write_csv(summary, out / f"paired_deltas_{slug}.csv"))
         paths.append(_write_csv(per_seed, out / f"paired_deltas_per_seed_{slug}.csv"))
         for pe in dict.fromkeys(summary["pe_type"]) if figures else ():
             paths.append(F.save_figure(F.paired_delta_figure(summary, per_seed, pe, dataset), out / "figures",
-                                       f"paired_deltas_{slug}_{A.dataset_slug(pe)}"))
+                                       f"paired_deltas_{slug}_{FM.dataset_slug(pe)}"))
     return paths
 
 
@@ -95,9 +101,9 @@ def write_pefusion_summaries(trials: pd.DataFrame, out: str | Path) -> list[Path
     """fusion_summary_<dataset>.csv and length_buckets_<dataset>.csv (accuracies in %)."""
     out, paths = Path(out), []
     for dataset, runs in _per_dataset(trials):
-        slug = A.dataset_slug(dataset)
-        paths.append(_write_csv(A.fusion_summary(runs), out / f"fusion_summary_{slug}.csv"))
-        buckets = A.length_bucket_summary(runs)
+        slug = FM.dataset_slug(dataset)
+        paths.append(_write_csv(FT.fusion_summary(runs), out / f"fusion_summary_{slug}.csv"))
+        buckets = FT.length_bucket_summary(runs)
         if len(buckets):
             paths.append(_write_csv(buckets, out / f"length_buckets_{slug}.csv"))
     return paths
@@ -107,12 +113,12 @@ def write_student_tables(trials: pd.DataFrame, out: str | Path, alpha_c: Curve |
     """student_runs.csv (long frame), student_summary.csv, student_deltas.csv (per seed),
     student_delta_summary.csv and student_alpha_c.csv (estimated crossing beside the published α_c)."""
     out = Path(out)
-    student = A.student_frame(trials)
-    deltas = A.student_deltas(student)
-    delta_summary = A.student_delta_summary(deltas)
-    tables = {"student_runs": student, "student_summary": A.student_summary(student), "student_deltas": deltas,
+    student = ST.student_frame(trials)
+    deltas = ST.student_deltas(student)
+    delta_summary = ST.student_delta_summary(deltas)
+    tables = {"student_runs": student, "student_summary": ST.student_summary(student), "student_deltas": deltas,
               "student_delta_summary": delta_summary,
-              "student_alpha_c": A.crossing_alphas(delta_summary, alpha_c)}
+              "student_alpha_c": ST.crossing_alphas(delta_summary, alpha_c)}
     return [_write_csv(frame, out / f"{name}.csv") for name, frame in tables.items()]
 
 
@@ -120,14 +126,14 @@ def write_figures(trials: pd.DataFrame, out: str | Path, baseline: str = "add", 
                   alpha_l: Curve | None = None) -> list[Path]:
     """Every figure the runs allow (PE-fusion ones per dataset, student ones) into <out>/figures; PNG paths."""
     paths: list[Path] = []
-    if len(A.pefusion_runs(trials)):
+    if len(RU.pefusion_runs(trials)):
         for _, runs in _per_dataset(trials):
             paths += F.pefusion_figures(runs, Path(out) / "figures", baseline)
-    if len(A.student_runs(trials)):
-        paths += F.student_figures(A.student_frame(trials), Path(out) / "figures", alpha_c, alpha_l)
+    if len(RU.student_runs(trials)):
+        paths += F.student_figures(ST.student_frame(trials), Path(out) / "figures", alpha_c, alpha_l)
     if not paths:
-        raise A.AnalysisError("the trial runs have neither PE-fusion params (dataset, pe_type, fusion, seed) nor "
-                              "student params (alpha, seed): nothing to plot")
+        raise RU.AnalysisError("the trial runs have neither PE-fusion params (dataset, pe_type, fusion, seed) nor "
+                               "student params (alpha, seed): nothing to plot")
     return paths
 
 
@@ -163,14 +169,14 @@ def _image_html(png: Path) -> str:
     return f"<figure><img alt='{html.escape(png.stem)}' src='data:image/png;base64,{data}'></figure>"
 
 
-def report_kind(sweep: A.Sweep) -> str:
+def report_kind(sweep: RU.Sweep) -> str:
     """'search' for hyperparameter searches, else the study of the runs ('pefusion' or 'student')."""
     if sweep.parent_tags.get(R.TAG_SWEEP) == "lr_batch_asha":
         return "search"
-    kind = A.study_of(sweep.trials)
+    kind = RU.study_of(sweep.trials)
     if kind == "unknown":
-        raise A.AnalysisError("the trial runs have neither PE-fusion params (dataset, pe_type, fusion, seed) nor "
-                              "student params (alpha, seed): nothing to report")
+        raise RU.AnalysisError("the trial runs have neither PE-fusion params (dataset, pe_type, fusion, seed) nor "
+                               "student params (alpha, seed): nothing to report")
     return kind
 
 
@@ -180,26 +186,26 @@ def _pefusion_sections(trials: pd.DataFrame, out: Path, baseline: str) -> tuple[
     written += write_pefusion_summaries(trials, out)
     figures = write_figures(trials, out, baseline)
     for dataset, runs in _per_dataset(trials):
-        slug = A.dataset_slug(dataset)
-        table = A.table1(runs)
-        summary, _ = A.paired_deltas(runs, baseline)
-        buckets = A.length_bucket_summary(runs)
+        slug = FM.dataset_slug(dataset)
+        table = FT.table1(runs)
+        summary, _ = FT.paired_deltas(runs, baseline)
+        buckets = FT.length_bucket_summary(runs)
         parts.append(f"<h2>Dataset {html.escape(dataset)}</h2>")
         paper = " The paper's Table 3 values stand beside ours." if "published_mean" in table else ""
         parts.append("<h3>Table 1</h3><p class='muted'>Test accuracy in %, mean ± sample standard deviation "
                      f"(ddof=1) over seeds; latency in ms per sample (mean ± std over seeds).{paper}</p>")
-        parts.append(_table_html(A.table1_display(table)))
+        parts.append(_table_html(FT.table1_display(table)))
         parts.append(f"<h3>Paired-seed Δ accuracy against {html.escape(baseline)}</h3><p class='muted'>Δ in "
                      "percentage points, seeds matched on both sides (n_unpaired: seeds left out); 95% t interval, "
                      "paired t-test and Wilcoxon signed-rank p-values.</p>")
         parts.append(_table_html(summary))
         parts += [_image_html(p) for p in figures if p.stem.startswith(f"paired_deltas_{slug}_")]
         parts.append("<h3>Accuracy and latency per fusion</h3>")
-        parts.append(_table_html(A.fusion_summary(runs)))
+        parts.append(_table_html(FT.fusion_summary(runs)))
         parts += [_image_html(p) for p in figures if p.stem in (f"accuracy_per_fusion_{slug}",
                                                                  f"latency_per_fusion_{slug}")]
         if len(buckets):
-            cells = buckets.assign(acc=[A.format_mean_std(m, s)
+            cells = buckets.assign(acc=[FM.format_mean_std(m, s)
                                         for m, s in zip(buckets.test_acc_mean, buckets.test_acc_std)])
             wide = cells.pivot(index=["pe_type", "fusion"], columns="bucket", values="acc")
             wide = wide[list(dict.fromkeys(buckets["bucket"]))].reset_index()
@@ -213,31 +219,31 @@ def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None,
                       alpha_l: Curve | None) -> tuple[list[str], list[Path]]:
     written = write_student_tables(trials, out, alpha_c)
     figures = write_figures(trials, out, alpha_c=alpha_c, alpha_l=alpha_l)
-    student = A.student_frame(trials)
-    delta_summary = A.student_delta_summary(A.student_deltas(student))
+    student = ST.student_frame(trials)
+    delta_summary = ST.student_delta_summary(ST.student_deltas(student))
     published = "" if alpha_c else " (published α_c(ω) unavailable: pefusion.student has no ALPHA_C_PUBLISHED)"
     parts = [
         "<h2>Positional vs semantic solutions</h2><p class='muted'>Δε = ε(positional) − ε(semantic), mean ± "
         "sample std over seeds: Δε_t &gt; 0 means the semantic solution reaches the lower training loss.</p>",
         _table_html(delta_summary),
         f"<h3>Estimated α_c beside the published one{html.escape(published)}</h3>",
-        _table_html(A.crossing_alphas(delta_summary, alpha_c)),
-        "<h3>Per initialisation</h3>", _table_html(A.student_summary(student)),
+        _table_html(ST.crossing_alphas(delta_summary, alpha_c)),
+        "<h3>Per initialisation</h3>", _table_html(ST.student_summary(student)),
     ]
     parts += [_image_html(p) for p in figures]
     return parts, written + figures
 
 
 def _search_sections(trials: pd.DataFrame, out: Path) -> tuple[list[str], list[Path]]:
-    table = A.search_table(trials)
+    table = FT.search_table(trials)
     path = _write_csv(table, out / "search_trials.csv")
     return ["<h2>Search trials, best first</h2><p class='muted'>Accuracies in %.</p>", _table_html(table)], [path]
 
 
-def _header(sweep: A.Sweep) -> str:
+def _header(sweep: RU.Sweep) -> str:
     tags = sweep.parent_tags
     trials = sweep.trials
-    n_failed, n_ok = len(A.failed(trials)), int((trials[R.STATUS] == R.STATUS_OK).sum())
+    n_failed, n_ok = len(RU.failed(trials)), int((trials[R.STATUS] == R.STATUS_OK).sum())
     rows = [
         ("experiment", sweep.experiment), ("tracking URI", sweep.tracking_uri),
         ("sweep", sweep.name), ("parent run", sweep.parent_run_id or "none: every finished trial run"),
@@ -253,13 +259,13 @@ def _header(sweep: A.Sweep) -> str:
     return f"<table>{cells}</table>"
 
 
-def report_path(sweep: A.Sweep, out: str | Path) -> Path:
+def report_path(sweep: RU.Sweep, out: str | Path) -> Path:
     """<out>/report_<sweep>_<run id 8>.html, or report_<study>_all.html without a parent run."""
     suffix = sweep.parent_run_id[:8] if sweep.parent_run_id else "all"
-    return Path(out) / f"report_{A.dataset_slug(sweep.name)}_{suffix}.html"
+    return Path(out) / f"report_{FM.dataset_slug(sweep.name)}_{suffix}.html"
 
 
-def build_report(sweep: A.Sweep, out: str | Path = "results", baseline: str = "add",
+def build_report(sweep: RU.Sweep, out: str | Path = "results", baseline: str = "add",
                  alpha_c: Curve | None = None, alpha_l: Curve | None = None,
                  log_to_mlflow: bool = True) -> tuple[Path, list[Path]]:
     """Write the sweep's CSVs, figures and HTML page; log them to the parent run under results/ (when there is
@@ -272,14 +278,14 @@ def build_report(sweep: A.Sweep, out: str | Path = "results", baseline: str = "a
         parts, written = _student_sections(sweep.trials, out, alpha_c, alpha_l)
     else:
         parts, written = _search_sections(sweep.trials, out)
-    remarks = A.notes(sweep)
+    remarks = notes(sweep)
     page = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>pefusion report: {html.escape(sweep.name)}</title><style>{_CSS}</style></head><body>",
         f"<h1>Sweep report: {html.escape(sweep.name)}</h1>", _header(sweep),
         *(f"<p class='note'>Note: {html.escape(r)}</p>" for r in remarks),
         *parts,
-        "<h2>Failed trials</h2>", _table_html(A.failed_trials(sweep.trials)),
+        "<h2>Failed trials</h2>", _table_html(RU.failed_trials(sweep.trials)),
         "<h2>Files</h2><p class='muted'>" + "<br>".join(html.escape(str(p)) for p in written) + "</p>",
         "</body></html>",
     ]
@@ -291,16 +297,10 @@ def build_report(sweep: A.Sweep, out: str | Path = "results", baseline: str = "a
     return path, written
 
 
-def log_to_parent(sweep: A.Sweep, paths: Sequence[Path]) -> None:
+def log_to_parent(sweep: RU.Sweep, paths: Sequence[Path]) -> None:
     """Log files to the sweep's parent run: results/ for tables and the page, results/figures/ for figures (PDFs
     beside the PNGs included)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=sweep.tracking_uri)
-    for path in paths:
-        is_figure = path.suffix == ".png"
-        targets = [path, path.with_suffix(".pdf")] if is_figure else [path]
-        folder = f"{R.ARTIFACT_RESULTS_DIR}/figures" if is_figure else R.ARTIFACT_RESULTS_DIR
-        for target in targets:
-            if target.exists():
-                client.log_artifact(sweep.parent_run_id, str(target), artifact_path=folder)
+    tables = [p for p in paths if p.suffix != ".png"]
+    figures = [f for p in paths if p.suffix == ".png" for f in (p, p.with_suffix(".pdf"))]
+    for files, folder in ((tables, R.ARTIFACT_RESULTS_DIR), (figures, f"{R.ARTIFACT_RESULTS_DIR}/figures")):
+        log_artifacts_to_run(sweep.tracking_uri, sweep.parent_run_id, [f for f in files if f.exists()], folder)

@@ -153,7 +153,7 @@ def run_lr_batch_asha(args: argparse.Namespace, argv: Sequence[str] | None = Non
 
 def _as_trial_frame(rows: pd.DataFrame) -> pd.DataFrame:
     """The sweep's rows in the shape `pefusion.analysis` reads from MLflow (one implementation of the tables)."""
-    from pefusion.analysis.tables import RUN_ID, START_TIME
+    from pefusion.analysis.runs import RUN_ID, START_TIME
 
     return rows.assign(**{RUN_ID: rows["trial_id"].astype(str),
                           START_TIME: rows["started_at"] if "started_at" in rows else 0.0})
@@ -161,7 +161,7 @@ def _as_trial_frame(rows: pd.DataFrame) -> pd.DataFrame:
 
 def aggregate_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """Table 1 of the sweep (accuracies in %), or for a search the trials best first."""
-    from pefusion.analysis.tables import search_table, table1
+    from pefusion.analysis.fusion_tables import search_table, table1
 
     frame = _as_trial_frame(rows)
     if (frame[R.STATUS] == R.STATUS_OK).any() and frame[[R.PE_TYPE, R.FUSION]].drop_duplicates().shape[0] > 1:
@@ -171,7 +171,7 @@ def aggregate_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 def summary_table(rows: pd.DataFrame) -> str:
     """Table 1 as text, then every failed trial with its reason."""
-    from pefusion.analysis.tables import table1, table1_display
+    from pefusion.analysis.fusion_tables import table1, table1_display
 
     frame = _as_trial_frame(rows)
     n_failed = int((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum())

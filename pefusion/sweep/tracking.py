@@ -4,6 +4,9 @@ Only the sweep driver talks to MLflow (the Tune callback in `pefusion.sweep.driv
 sqlite store never sees concurrent writers and trials on cluster nodes need no route to the tracking server.
 Every lookup is by tag, never by in-memory state, so a driver restarted with `--resume` finds the runs it made
 before and never duplicates a child run.
+
+This module is the project's one writer of MLflow: the analysis reports, written after a sweep, log their files
+to its parent run through `log_artifacts_to_run`; `pefusion.analysis` itself only reads.
 """
 from __future__ import annotations
 
@@ -78,14 +81,15 @@ def command_line() -> str:
     return " ".join([Path(sys.executable).name, *sys.argv])
 
 
-def _client(uri: str):
+def mlflow_client(uri: str):
+    """The MLflow client of the tracking store at `uri`, for reading and writing runs."""
     from mlflow.tracking import MlflowClient
     return MlflowClient(tracking_uri=uri)
 
 
 def ensure_experiment(uri: str, name: str) -> str:
     """The experiment's id; created on first use with artifacts in an absolute ./mlartifacts for local stores."""
-    client = _client(uri)
+    client = mlflow_client(uri)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
@@ -93,6 +97,13 @@ def ensure_experiment(uri: str, name: str) -> str:
     if uri.startswith("sqlite:///"):
         artifact_location = (Path.cwd() / "mlartifacts").resolve().as_uri()
     return client.create_experiment(name, artifact_location=artifact_location)
+
+
+def log_artifacts_to_run(uri: str, run_id: str, paths: Iterable[Path], artifact_path: str) -> None:
+    """Log files to an existing run, under `artifact_path` in its artifacts."""
+    client = mlflow_client(uri)
+    for p in paths:
+        client.log_artifact(run_id, str(p), artifact_path)
 
 
 def _finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -125,7 +136,7 @@ class SweepRecorder:
 
     @property
     def client(self):
-        return _client(self.uri)
+        return mlflow_client(self.uri)
 
     def _search(self, filter_string: str) -> list:
         return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=5000)
@@ -216,8 +227,7 @@ class SweepRecorder:
         self.client.set_terminated(run_id, status="FINISHED" if status in R.SUCCESS_STATUSES else "FAILED")
 
     def log_parent_artifacts(self, paths: Iterable[Path], artifact_path: str = R.ARTIFACT_RESULTS_DIR) -> None:
-        for p in paths:
-            self.client.log_artifact(self.parent_run_id, str(p), artifact_path)
+        log_artifacts_to_run(self.uri, self.parent_run_id, paths, artifact_path)
 
     def finish_sweep(self, metrics: Mapping[str, Any], failed: bool = False) -> None:
         self._log_metrics(self.parent_run_id, metrics)

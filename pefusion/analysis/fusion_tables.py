@@ -1,0 +1,290 @@
+"""Study A's tables (PE-fusion): Table 1 beside the paper's Table 3, paired-seed deltas against a baseline
+fusion with their statistics, accuracy and latency per fusion, accuracy per length bucket, and the table of a
+hyperparameter search.
+
+Pure functions over the trial frame of pefusion.analysis.runs. Units: every table reports accuracy in percent
+and accuracy deltas in percentage points (pp) — the unit of the paper's Table 3 — so our numbers and the
+published ones stand side by side. Latency is milliseconds per sample; `params` is the model's parameter count.
+"""
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from pefusion import record as R
+from pefusion.analysis.formats import format_mean_std
+from pefusion.analysis.runs import (PEFUSION_IDENTITY, TRIAL_ID, AnalysisError, column, failed, latest_ok,
+                                    pefusion_runs, require_metrics)
+from pefusion.fusion.config import FUSIONS, PE_TYPES, TRIAL_KEYS
+
+# The paper's Table 3 (ArXiv-11): test accuracy in %, mean ± std over seeds 0–4.
+ARXIV_TABLE3: dict[tuple[str, str], tuple[float, float]] = {
+    ("sinusoidal", "add"): (59.22, 1.07), ("sinusoidal", "concat"): (63.44, 2.27),
+    ("sinusoidal", "gate_scalar"): (65.73, 4.01), ("sinusoidal", "mlp_gate"): (65.50, 2.31),
+    ("learned", "add"): (62.29, 3.24), ("learned", "concat"): (60.83, 2.77),
+    ("learned", "gate_scalar"): (64.61, 2.83), ("learned", "mlp_gate"): (64.28, 5.08),
+    ("rope", "add"): (58.47, 2.58), ("rope", "concat"): (64.55, 1.82),
+    ("rope", "gate_scalar"): (65.61, 2.81), ("rope", "mlp_gate"): (64.33, 3.67),
+    ("relative", "add"): (62.48, 2.53), ("relative", "concat"): (59.83, 2.11),
+    ("relative", "gate_scalar"): (65.55, 3.15), ("relative", "mlp_gate"): (65.23, 2.34),
+}
+
+
+def latest_ok_pefusion(trials: pd.DataFrame) -> pd.DataFrame:
+    """One ok PE-fusion run per (dataset, pe_type, fusion, seed): the most recent."""
+    return latest_ok(pefusion_runs(trials), PEFUSION_IDENTITY)[0]
+
+
+def _ordered(values: Iterable[str], canonical: Sequence[str]) -> list[str]:
+    """Known names in the project's order, unknown ones (other tools) after them alphabetically."""
+    values = set(values)
+    return [v for v in canonical if v in values] + sorted(values - set(canonical))
+
+
+def datasets(trials: pd.DataFrame) -> list[str]:
+    """The dataset names of the PE-fusion runs, sorted."""
+    return sorted(pefusion_runs(trials)[R.DATASET].astype(str).unique())
+
+
+def is_arxiv(dataset: str) -> bool:
+    """True for the paper's ArXiv-11 dataset (any name containing 'arxiv')."""
+    return "arxiv" in str(dataset).lower()
+
+
+def one_dataset(runs: pd.DataFrame) -> str:
+    names = runs[R.DATASET].astype(str).unique()
+    if len(names) != 1:
+        raise AnalysisError(f"expected the runs of one dataset, got {len(names)}: {', '.join(sorted(names))}")
+    return names[0]
+
+
+def _cells(runs: pd.DataFrame) -> list[tuple[str, str]]:
+    """The (pe_type, fusion) cells present in the runs (ok or failed), in the project's order."""
+    present = set(zip(runs[R.PE_TYPE].astype(str), runs[R.FUSION].astype(str)))
+    return [(pe, fu) for pe in _ordered({p for p, _ in present}, PE_TYPES)
+            for fu in _ordered({f for _, f in present}, FUSIONS) if (pe, fu) in present]
+
+
+def _sample_std(values: pd.Series) -> float:
+    return float(values.std(ddof=1)) if values.notna().sum() >= 2 else math.nan
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Table 1
+# ---------------------------------------------------------------------------------------------------------
+
+TABLE1_COLUMNS = ("pe_type", "fusion", "n_seeds", "test_acc_mean", "test_acc_std", "params_mean", "lat_ms_mean",
+                  "lat_ms_std", "n_failed")
+TABLE1_DOC = {
+    "n_seeds": "ok runs (one per seed) in the cell",
+    "test_acc_mean": "mean test accuracy over seeds, %",
+    "test_acc_std": "sample standard deviation (ddof=1) of test accuracy over seeds, %",
+    "params_mean": "mean parameter count",
+    "lat_ms_mean": "mean over seeds of each run's mean inference latency, ms per sample",
+    "lat_ms_std": "sample standard deviation over seeds of each run's mean latency, ms per sample",
+    "n_failed": "diverged or errored runs in the cell, excluded from the means",
+    "published_mean": "the paper's Table 3 mean test accuracy, % (ArXiv only)",
+    "published_std": "the paper's Table 3 standard deviation over seeds 0-4, % (ArXiv only)",
+}
+
+
+def table1(runs: pd.DataFrame) -> pd.DataFrame:
+    """Table 1 for the PE-fusion runs of one dataset: one row per (pe_type, fusion), columns TABLE1_COLUMNS
+    (see TABLE1_DOC; accuracies in %), plus published_mean/published_std for the ArXiv dataset."""
+    runs = pefusion_runs(runs)
+    if runs.empty:
+        raise AnalysisError("no PE-fusion trial runs (runs need params dataset, pe_type, fusion, seed)")
+    dataset = one_dataset(runs)
+    ok = latest_ok_pefusion(runs)
+    require_metrics(ok, [R.TEST_ACC])
+    rows = []
+    for pe, fu in _cells(runs):
+        cell = ok[(ok[R.PE_TYPE] == pe) & (ok[R.FUSION] == fu)]
+        acc = cell[R.TEST_ACC].astype(float) * 100
+        lat = cell[R.LAT_MS_MEAN].astype(float) if R.LAT_MS_MEAN in cell else pd.Series(dtype=float)
+        n_params = cell[R.PARAMS].astype(float) if R.PARAMS in cell else pd.Series(dtype=float)
+        all_cell = runs[(runs[R.PE_TYPE] == pe) & (runs[R.FUSION] == fu)]
+        rows.append({
+            "pe_type": pe, "fusion": fu, "n_seeds": len(cell),
+            "test_acc_mean": acc.mean() if len(acc) else math.nan, "test_acc_std": _sample_std(acc),
+            "params_mean": n_params.mean() if n_params.notna().any() else math.nan,
+            "lat_ms_mean": lat.mean() if lat.notna().any() else math.nan, "lat_ms_std": _sample_std(lat),
+            "n_failed": len(failed(all_cell)),
+        })
+    table = pd.DataFrame(rows, columns=list(TABLE1_COLUMNS))
+    if is_arxiv(dataset):
+        published = [ARXIV_TABLE3.get((pe, fu), (math.nan, math.nan)) for pe, fu in zip(table.pe_type, table.fusion)]
+        table["published_mean"] = [p[0] for p in published]
+        table["published_std"] = [p[1] for p in published]
+    return table
+
+
+def table1_display(table: pd.DataFrame) -> pd.DataFrame:
+    """Table 1 as strings for reading: 'mean ± std' cells, published values beside ours (both in %)."""
+    def pm(prefix: str, digits: int = 2) -> list[str]:
+        return [format_mean_std(m, s, digits) for m, s in zip(table[f"{prefix}_mean"], table[f"{prefix}_std"])]
+
+    out = pd.DataFrame({"PE": table.pe_type, "fusion": table.fusion, "seeds": table.n_seeds.astype(str),
+                        "test acc % (ours)": pm("test_acc")})
+    if "published_mean" in table:
+        out["test acc % (paper)"] = pm("published")
+    out["params"] = ["–" if pd.isna(p) else f"{p:,.0f}" for p in table.params_mean]
+    out["latency ms/sample"] = pm("lat_ms", 3)
+    out["failed"] = table.n_failed.astype(str)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Paired-seed deltas
+# ---------------------------------------------------------------------------------------------------------
+
+PAIRED_COLUMNS = ("pe_type", "fusion", "baseline", "n_pairs", "delta_mean", "delta_std", "ci95_low", "ci95_high",
+                  "t_pvalue", "wilcoxon_pvalue", "n_unpaired", "note")
+
+
+def paired_stats(acc: Sequence[float], acc_baseline: Sequence[float]) -> dict[str, Any]:
+    """Statistics of paired differences acc − acc_baseline (already matched by seed, same order).
+
+    Mean, sample std (ddof=1), 95% t interval, paired t-test and Wilcoxon signed-rank p-values (scipy); a test
+    that cannot run (n < 2, all differences zero or all equal) gives NaN and says why in `note`.
+    """
+    a, b = np.asarray(acc, dtype=float), np.asarray(acc_baseline, dtype=float)
+    delta = a - b
+    n = len(delta)
+    out = {"n_pairs": n, "delta_mean": delta.mean() if n else math.nan, "delta_std": math.nan,
+           "ci95_low": math.nan, "ci95_high": math.nan, "t_pvalue": math.nan, "wilcoxon_pvalue": math.nan,
+           "note": ""}
+    if n < 2:
+        out["note"] = "no seed on both sides" if n == 0 else "one pair: no spread, no test"
+        return out
+    std = delta.std(ddof=1)
+    half = stats.t.ppf(0.975, n - 1) * std / math.sqrt(n)
+    out.update(delta_std=std, ci95_low=out["delta_mean"] - half, ci95_high=out["delta_mean"] + half)
+    scale = max(1.0, float(np.abs(delta).max()))
+    if np.ptp(delta) <= 1e-12 * scale:
+        out["note"] = "all differences equal: tests undefined"
+        return out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out["t_pvalue"] = float(stats.ttest_rel(a, b).pvalue)
+        out["wilcoxon_pvalue"] = float(stats.wilcoxon(a, b).pvalue)
+    return out
+
+
+def paired_deltas(runs: pd.DataFrame, baseline: str = "add") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Paired-seed comparison of each fusion against `baseline`, per PE, for the runs of one dataset.
+
+    Δ = test_acc(fusion) − test_acc(baseline) in percentage points, for the seeds with an ok run on both sides;
+    a seed with an ok run on one side only is left out and counted in n_unpaired. Returns (summary with
+    PAIRED_COLUMNS, per-seed frame pe_type, fusion, baseline, seed, test_acc, test_acc_baseline, delta).
+    """
+    runs = pefusion_runs(runs)
+    if runs.empty:
+        raise AnalysisError("no PE-fusion trial runs (runs need params dataset, pe_type, fusion, seed)")
+    one_dataset(runs)
+    fusions = set(runs[R.FUSION].astype(str))
+    if baseline not in fusions:
+        raise AnalysisError(f"baseline fusion {baseline!r} has no runs; fusions present: "
+                            f"{', '.join(_ordered(fusions, FUSIONS))}")
+    ok = latest_ok_pefusion(runs)
+    require_metrics(ok, [R.TEST_ACC])
+    acc = ok.assign(acc=ok[R.TEST_ACC].astype(float) * 100)
+    rows, per_seed = [], []
+    for pe, fu in _cells(runs):
+        if fu == baseline:
+            continue
+        base = acc[(acc[R.PE_TYPE] == pe) & (acc[R.FUSION] == baseline)].set_index(R.SEED)["acc"]
+        other = acc[(acc[R.PE_TYPE] == pe) & (acc[R.FUSION] == fu)].set_index(R.SEED)["acc"]
+        seeds = sorted(set(base.index) & set(other.index))
+        result = paired_stats(other.loc[seeds].to_numpy(), base.loc[seeds].to_numpy())
+        if base.empty:
+            result["note"] = f"no ok {baseline!r} runs for this PE"
+        rows.append({"pe_type": pe, "fusion": fu, "baseline": baseline, **result,
+                     "n_unpaired": len(set(base.index) ^ set(other.index))})
+        per_seed += [{"pe_type": pe, "fusion": fu, "baseline": baseline, "seed": s, "test_acc": other[s],
+                      "test_acc_baseline": base[s], "delta": other[s] - base[s]} for s in seeds]
+    summary = pd.DataFrame(rows, columns=list(PAIRED_COLUMNS))
+    per_seed_frame = pd.DataFrame(per_seed, columns=["pe_type", "fusion", "baseline", "seed", "test_acc",
+                                                     "test_acc_baseline", "delta"])
+    return summary, per_seed_frame
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Summaries per fusion and per length bucket
+# ---------------------------------------------------------------------------------------------------------
+
+
+def fusion_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy (%) and latency (ms/sample) per fusion, pooled over PEs and seeds (the paper's Fig. 4a/4b)."""
+    ok = latest_ok_pefusion(runs)
+    rows = []
+    for fu in _ordered(set(pefusion_runs(runs)[R.FUSION].astype(str)), FUSIONS):
+        cell = ok[ok[R.FUSION] == fu]
+        acc = cell[R.TEST_ACC].astype(float) * 100 if R.TEST_ACC in cell else pd.Series(dtype=float)
+        lat = cell[R.LAT_MS_MEAN].astype(float) if R.LAT_MS_MEAN in cell else pd.Series(dtype=float)
+        rows.append({"fusion": fu, "n_runs": len(cell), "n_pe_types": cell[R.PE_TYPE].nunique(),
+                     "test_acc_mean": acc.mean() if acc.notna().any() else math.nan,
+                     "test_acc_std": _sample_std(acc),
+                     "lat_ms_mean": lat.mean() if lat.notna().any() else math.nan, "lat_ms_std": _sample_std(lat)})
+    return pd.DataFrame(rows, columns=["fusion", "n_runs", "n_pe_types", "test_acc_mean", "test_acc_std",
+                                       "lat_ms_mean", "lat_ms_std"])
+
+
+def _bucket_order(label: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(le|gt)(\d+)", label)
+    if not match:
+        return (2, 0)
+    return (0 if match[1] == "le" else 1, int(match[2]))
+
+
+def length_buckets(runs: pd.DataFrame) -> list[str]:
+    """The length-bucket labels recorded by the runs (test_acc_len_<label> or test_n_len_<label>; a bucket
+    without test documents has a count but no accuracy), shortest first."""
+    labels = {str(c)[len(prefix):] for c in runs.columns
+              for prefix in (R.LENGTH_METRIC_PREFIX, R.LENGTH_COUNT_PREFIX) if str(c).startswith(prefix)}
+    return sorted(labels, key=lambda lab: (_bucket_order(lab), lab))
+
+
+def length_bucket_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """Test accuracy (%) per length bucket per (pe_type, fusion): mean and sample std over seeds, seeds with
+    documents in the bucket, and the mean number of test documents in it. Empty if no run recorded buckets."""
+    ok = latest_ok_pefusion(runs)
+    rows = []
+    for pe, fu in _cells(ok):
+        cell = ok[(ok[R.PE_TYPE] == pe) & (ok[R.FUSION] == fu)]
+        for label in length_buckets(ok):
+            acc = column(cell, R.length_metric(label)).astype(float) * 100
+            count_col = R.LENGTH_COUNT_PREFIX + label
+            docs = cell[count_col].astype(float) if count_col in cell else pd.Series(dtype=float)
+            rows.append({"pe_type": pe, "fusion": fu, "bucket": label, "n_seeds": int(acc.notna().sum()),
+                         "test_acc_mean": acc.mean() if acc.notna().any() else math.nan,
+                         "test_acc_std": _sample_std(acc),
+                         "n_docs_mean": docs.mean() if docs.notna().any() else math.nan})
+    return pd.DataFrame(rows, columns=["pe_type", "fusion", "bucket", "n_seeds", "test_acc_mean", "test_acc_std",
+                                       "n_docs_mean"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hyperparameter search
+# ---------------------------------------------------------------------------------------------------------
+
+
+def search_table(trials: pd.DataFrame) -> pd.DataFrame:
+    """Trials of a hyperparameter search, best first: the config keys that vary, status, and the metrics that
+    rank them (accuracies in %)."""
+    varied = [k for k in TRIAL_KEYS if k in trials and trials[k].nunique(dropna=True) > 1]
+    metrics = [m for m in (R.BEST_VAL_ACC, R.OPTIMISED_METRIC, R.TEST_ACC, R.EPOCHS_RUN) if m in trials]
+    out = trials[[TRIAL_ID, *varied, R.STATUS, *metrics]].copy()
+    for m in (R.BEST_VAL_ACC, R.VAL_ACC, R.TEST_ACC):
+        if m in out:
+            out[m] = out[m].astype(float) * 100
+    rank = R.BEST_VAL_ACC if R.BEST_VAL_ACC in out else R.OPTIMISED_METRIC
+    if rank in out:
+        out = out.sort_values(rank, ascending=R.OPTIMISED_MODE != "max", na_position="last")
+    return out.reset_index(drop=True)

@@ -1,0 +1,164 @@
+"""Study B's tables (student attention): the long frame of student runs (one row per run and initialisation),
+per-initialisation summaries, per-seed Δε = ε(positional) − ε(semantic) and their summary, the estimated
+crossing α_c beside the published one, and the published α_c(ω), α_l(ω) curves.
+
+Pure functions over the trial frame of pefusion.analysis.runs. Units: the errors ε_g, ε_t, ε_lin, the order
+parameters m, θ and the ridge λ, λ* are reported as the runs recorded them (no conversion to percent; that is
+for accuracies, in percent, and accuracy deltas, in percentage points (pp), in study A's tables); Δε is in the
+units of ε.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from pefusion import record as R
+from pefusion.analysis.runs import (RUN_ID, START_TIME, SWEEP, AnalysisError, column, latest_ok,
+                                    require_metrics, student_runs)
+
+# Student initialisations compared by the Δ quantities (Δε = ε(positional) − ε(semantic), the paper's Fig. 2).
+SEMANTIC, POSITIONAL = "semantic", "positional"
+STUDENT_KEYS = (R.ALPHA, R.OMEGA, R.SIGMA, R.SEED, R.D)
+STUDENT_METRICS = (R.EPS_G, R.EPS_T, R.M, R.THETA)
+LAM_FIXED = "lam_fixed"  # the λ of a phase-diagram run; NaN for λ-CV runs, whose λ* is chosen per init
+STUDENT_COLUMNS = (RUN_ID, START_TIME, "source", R.STATUS, R.ERROR, *STUDENT_KEYS, R.INIT, LAM_FIXED,
+                   *STUDENT_METRICS, R.EPS_LIN, R.LAMBDA_STAR)
+SOURCE_CV, SOURCE_PHASE = "lambda_cv", "phase_diagram"  # one init per run / both inits in one run
+
+
+def published_alpha_curves() -> tuple[dict[float, float], dict[float, float]]:
+    """The student paper's α_c(ω) and α_l(ω) tables (pefusion.student.config)."""
+    from pefusion.student.config import ALPHA_C_PUBLISHED, ALPHA_L_PUBLISHED
+
+    return dict(ALPHA_C_PUBLISHED), dict(ALPHA_L_PUBLISHED)
+
+
+def student_frame(trials: pd.DataFrame) -> pd.DataFrame:
+    """All student runs as one long frame, one row per (run, initialisation), columns STUDENT_COLUMNS.
+
+    λ-CV runs (param `init`) give one row, their λ* in lam_star; phase-diagram runs (metrics `<metric>_semantic`
+    and `<metric>_positional`, or tag pefusion.sweep=phase_diagram) give two rows at their fixed λ (`lam` param)
+    in lam_fixed.
+    """
+    runs = student_runs(trials)
+    if runs.empty:
+        raise AnalysisError("no student trial runs (runs need params alpha and seed)")
+    # A phase-diagram run fits both initialisations: recognised by its metric names, or its sweep tag when it
+    # failed before recording any (its params may still carry a config `init`).
+    both = column(runs, f"{R.EPS_T}_{SEMANTIC}").notna() | (runs[SWEEP] == SOURCE_PHASE)
+    one_init, both_inits = runs[~both], runs[both]
+    if len(one_init):
+        require_metrics(one_init[one_init[R.STATUS] == R.STATUS_OK], [R.EPS_G, R.EPS_T])
+    if len(both_inits):
+        require_metrics(both_inits[both_inits[R.STATUS] == R.STATUS_OK],
+                        [f"{m}_{init}" for m in (R.EPS_G, R.EPS_T) for init in (SEMANTIC, POSITIONAL)])
+    parts = [pd.DataFrame({
+        RUN_ID: one_init[RUN_ID], START_TIME: one_init[START_TIME], "source": SOURCE_CV,
+        R.STATUS: one_init[R.STATUS], R.ERROR: one_init[R.ERROR],
+        **{k: column(one_init, k) for k in STUDENT_KEYS}, R.INIT: column(one_init, R.INIT).fillna("unknown"),
+        LAM_FIXED: np.nan,
+        **{m: column(one_init, m) for m in (*STUDENT_METRICS, R.EPS_LIN, R.LAMBDA_STAR)},
+    })]
+    for init in (SEMANTIC, POSITIONAL):
+        parts.append(pd.DataFrame({
+            RUN_ID: both_inits[RUN_ID], START_TIME: both_inits[START_TIME], "source": SOURCE_PHASE,
+            R.STATUS: both_inits[R.STATUS], R.ERROR: both_inits[R.ERROR],
+            **{k: column(both_inits, k) for k in STUDENT_KEYS}, R.INIT: init,
+            LAM_FIXED: column(both_inits, R.LAMBDA),
+            **{m: column(both_inits, f"{m}_{init}") for m in STUDENT_METRICS},
+            R.EPS_LIN: column(both_inits, R.EPS_LIN), R.LAMBDA_STAR: np.nan,
+        }))
+    frame = pd.concat([p for p in parts if len(p)], ignore_index=True)
+    frame = frame.assign(**{c: frame[c].astype(float) for c in (R.ALPHA, R.OMEGA, R.SIGMA, R.D, LAM_FIXED,
+                                                                 *STUDENT_METRICS, R.EPS_LIN, R.LAMBDA_STAR)})
+    return frame[list(STUDENT_COLUMNS)]
+
+
+def student_ok(student: pd.DataFrame) -> pd.DataFrame:
+    """The ok student rows, the most recent per (source, alpha, omega, sigma, seed, d, fixed λ, init)."""
+    ok = student[student[R.STATUS] == R.STATUS_OK]
+    return latest_ok(ok, ["source", *STUDENT_KEYS, LAM_FIXED, R.INIT])[0]
+
+
+def student_summary(student: pd.DataFrame) -> pd.DataFrame:
+    """Mean and sample std over seeds of ε_g, ε_t, m, θ, ε_lin, λ* per (source, alpha, omega, sigma, d,
+    fixed λ, init); lam_fixed is the λ of phase-diagram runs and NaN for λ-CV runs (their λ is lam_star)."""
+    keys = ["source", R.ALPHA, R.OMEGA, R.SIGMA, R.D, LAM_FIXED, R.INIT]
+    values = [*STUDENT_METRICS, R.EPS_LIN, R.LAMBDA_STAR]
+    grouped = student_ok(student).groupby(keys, sort=True, dropna=False)
+    out = grouped[values].agg(["mean", lambda v: v.std(ddof=1)])
+    out.columns = [f"{m}_{'mean' if s == 'mean' else 'std'}" for m, s in out.columns]
+    out.insert(0, "n_seeds", grouped[R.SEED].nunique())
+    return out.reset_index()
+
+
+DELTA_COLUMNS = ["source", *STUDENT_KEYS, LAM_FIXED, "eps_g_semantic", "eps_g_positional", "eps_t_semantic",
+                 "eps_t_positional", "delta_eps_g", "delta_eps_t"]
+
+
+def student_deltas(student: pd.DataFrame) -> pd.DataFrame:
+    """Per-seed pairs of positional and semantic runs at the same (alpha, omega, sigma, seed, d) — and the same
+    λ for phase-diagram runs — with Δε_g and Δε_t = ε(positional) − ε(semantic)."""
+    ok = student_ok(student)
+    keys = ["source", *STUDENT_KEYS, LAM_FIXED]
+    side = {init: ok.loc[ok[R.INIT] == init, [*keys, R.EPS_G, R.EPS_T]].rename(
+        columns={R.EPS_G: f"eps_g_{init}", R.EPS_T: f"eps_t_{init}"}) for init in (SEMANTIC, POSITIONAL)}
+    # merge matches NaN keys with NaN keys, so runs of other tools without sigma or d still pair.
+    wide = side[SEMANTIC].merge(side[POSITIONAL], on=keys, how="inner")
+    wide["delta_eps_g"] = wide["eps_g_positional"] - wide["eps_g_semantic"]
+    wide["delta_eps_t"] = wide["eps_t_positional"] - wide["eps_t_semantic"]
+    return wide[DELTA_COLUMNS].sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+DELTA_GROUP = ["source", R.ALPHA, R.OMEGA, R.SIGMA, R.D, LAM_FIXED]
+
+
+def student_delta_summary(deltas: pd.DataFrame) -> pd.DataFrame:
+    """Mean and sample std over seeds of Δε_g and Δε_t per (source, alpha, omega, sigma, d, fixed λ), and which
+    solution has the lower training loss there (Δε_t > 0: semantic; < 0: positional)."""
+    columns = [*DELTA_GROUP, "n_pairs", "delta_eps_g_mean", "delta_eps_g_std", "delta_eps_t_mean",
+               "delta_eps_t_std", "lower_train_loss"]
+    if deltas.empty:
+        return pd.DataFrame(columns=columns)
+    grouped = deltas.groupby(DELTA_GROUP, sort=True, dropna=False)
+    out = pd.DataFrame({
+        "n_pairs": grouped["delta_eps_t"].size(),
+        "delta_eps_g_mean": grouped["delta_eps_g"].mean(),
+        "delta_eps_g_std": grouped["delta_eps_g"].std(ddof=1),
+        "delta_eps_t_mean": grouped["delta_eps_t"].mean(),
+        "delta_eps_t_std": grouped["delta_eps_t"].std(ddof=1),
+    }).reset_index()
+    out["lower_train_loss"] = np.select([out.delta_eps_t_mean > 0, out.delta_eps_t_mean < 0],
+                                        [SEMANTIC, POSITIONAL], "tie")
+    return out[columns]
+
+
+def interpolate_curve(curve: Mapping[float, float], omega: float) -> float:
+    """A published α(ω) table read at ω (linear between tabulated ω; NaN outside the table)."""
+    omegas = np.array(sorted(curve))
+    if not omegas[0] <= omega <= omegas[-1]:
+        return math.nan
+    return float(np.interp(omega, omegas, [curve[o] for o in omegas]))
+
+
+def crossing_alphas(delta_summary: pd.DataFrame, alpha_c: Mapping[float, float] | None = None) -> pd.DataFrame:
+    """Where the mean Δε_t changes sign from − (positional lower) to + (semantic lower) along α, per (source,
+    omega, sigma, d, fixed λ): the estimated α_c, linear between the grid points around the first crossing (NaN
+    if none), beside the published α_c(ω)."""
+    keys = [k for k in DELTA_GROUP if k != R.ALPHA]
+    rows = []
+    for group, grp in delta_summary.groupby(keys, sort=True, dropna=False):
+        grp = grp.sort_values(R.ALPHA)
+        a, y = grp[R.ALPHA].to_numpy(float), grp["delta_eps_t_mean"].to_numpy(float)
+        estimate = math.nan
+        for i in range(len(a) - 1):
+            if y[i] < 0 <= y[i + 1]:
+                estimate = a[i] + (a[i + 1] - a[i]) * (-y[i]) / (y[i + 1] - y[i])
+                break
+        omega = dict(zip(keys, group))[R.OMEGA]
+        rows.append({**dict(zip(keys, group)), "n_alpha": len(a), "alpha_c_estimate": estimate,
+                     "alpha_c_published": interpolate_curve(alpha_c, omega) if alpha_c else math.nan})
+    return pd.DataFrame(rows, columns=[*keys, "n_alpha", "alpha_c_estimate", "alpha_c_published"])
