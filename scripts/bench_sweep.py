@@ -8,81 +8,13 @@ Prints wall-clock seconds of both, their ratio (sequential / Ray), and the overh
 (Ray wall × concurrency − Σ time inside the trials) / trials, i.e. what scheduling, process start-up, result
 reporting, checkpointing and MLflow logging add to each trial.
 """
-from __future__ import annotations
-
-import argparse
-import tempfile
-import time
+import sys
 from pathlib import Path
-from typing import Sequence
 
-import pefusion  # noqa: F401  (first: it sets PyTorch's huge-page switch, read when torch loads)
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, home of benchmarks/
 
-from pefusion import record as R
-from pefusion.cli.flags import add_preset_flag, csv_list, print_result, run_main
-from pefusion.fusion.config import PRESETS, split_trial_config
-from pefusion.fusion.config import RULES as PEFUSION_RULES
-from pefusion.sweep.space import load_search_space
-from pefusion.data.corpus import load_corpus
-from pefusion.fusion.training import train_and_evaluate
-
-SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "arxiv_grid_demo.yaml"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_preset_flag(parser, default="demo")
-    parser.add_argument("--pe-types", type=csv_list(), help="default: the demo grid's")
-    parser.add_argument("--fusions", type=csv_list(), help="default: the demo grid's")
-    parser.add_argument("--seeds", type=csv_list(int), help="default: the demo grid's")
-    parser.add_argument("--concurrency", type=int, default=2, help="trials at once on Ray, one CPU each")
-    parser.add_argument("--json", action="store_true", help="one JSON line")
-    args = parser.parse_args(argv)
-
-    space = load_search_space(SPACE, PEFUSION_RULES)
-    for key, values in ((R.PE_TYPE, args.pe_types), (R.FUSION, args.fusions), (R.SEED, args.seeds)):
-        if values:
-            space = space.override_values(key, values)
-    configs = space.points()
-    preset = PRESETS[args.preset]
-    corpus = load_corpus(preset.data)
-
-    torch.set_num_threads(1)
-    start = time.perf_counter()
-    for config in configs:  # the naive way: one after another, one process, one thread
-        model_cfg, train_cfg = split_trial_config(config, preset)
-        train_and_evaluate(model_cfg, train_cfg, corpus, length_edges=preset.data.length_edges)
-    sequential_s = time.perf_counter() - start
-
-    from pefusion.cli.fusion import pefusion_study
-    from pefusion.sweep.driver import run_sweep
-    from pefusion.sweep.tuner import SweepOptions, start_ray
-
-    with tempfile.TemporaryDirectory() as tmp:
-        opts = SweepOptions(sweep="bench", experiment="bench", storage_path=f"{tmp}/ray", cpus_per_trial=1.0,
-                            num_cpus=args.concurrency, max_concurrent=args.concurrency, dashboard=False,
-                            verbose=0, tracking_uri=f"sqlite:///{tmp}/mlflow.db")
-        start = time.perf_counter()
-        start_ray(opts)
-        cluster_s = time.perf_counter() - start
-        start = time.perf_counter()
-        study = pefusion_study("bench", args.preset, preset, space, 1.0, corpus=corpus)
-        rows = run_sweep(study, opts, f"{tmp}/results").rows
-        ray_s = time.perf_counter() - start
-    inside_s = float((rows["ended_at"] - rows["started_at"]).sum())
-    result = {
-        "trials": len(configs), "concurrency": args.concurrency, "sequential_s": round(sequential_s, 2),
-        "ray_s": round(ray_s, 2), "ray_cluster_start_s": round(cluster_s, 2),
-        "speedup": round(sequential_s / ray_s, 3), "speedup_with_cluster_start": round(sequential_s / (ray_s + cluster_s), 3),
-        "mean_trial_s_sequential": round(sequential_s / len(configs), 3),
-        "mean_trial_s_inside_ray": round(inside_s / len(configs), 3),
-        "overhead_per_trial_s": round((ray_s * args.concurrency - inside_s) / len(configs), 3),
-        "failed": int((rows[R.STATUS] != R.STATUS_OK).sum()),
-    }
-    print_result(result, args.json)
-    return 0
-
+from benchmarks.sweep import main  # noqa: E402
+from pefusion.cli.flags import run_main  # noqa: E402
 
 if __name__ == "__main__":
     run_main(main)
