@@ -124,8 +124,11 @@ def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, 
     for name in R.FINAL_METRICS:
         assert name in run.data.metrics, name
     epochs = int(run.data.metrics[R.EPOCHS_RUN])
-    for name in R.EPOCH_METRICS:
-        assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == list(range(1, epochs + 1))
+    for name in R.EPOCH_METRICS:  # val_acc also has the final (restored best) value one step past the epochs
+        final_step = [epochs + 1] if name == R.VAL_ACC else []
+        assert ([m.step for m in client.get_metric_history(run.info.run_id, name)]
+                == list(range(1, epochs + 1)) + final_step)
+    assert run.data.metrics[R.VAL_ACC] == run.data.metrics[R.BEST_VAL_ACC]
     assert any(k.startswith(R.LENGTH_METRIC_PREFIX) for k in run.data.metrics)
     assert run.data.metrics[R.TEST_ACC] == pytest.approx(rows.loc[0, R.TEST_ACC])
 
