@@ -2,6 +2,7 @@
 ASHA, and the bad-input matrix (rejected before Ray starts)."""
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import load_script
+from conftest import REPO, load_script
 from pefusion import record as R
 from pefusion.config import ConfigError
 from pefusion.text_data import iter_batches
@@ -291,6 +292,53 @@ def test_child_run_checkpoint_is_the_best_epochs_weights(best_not_last_sweep, sm
         assert last_test_differs >= 1, "no trial's last epoch differs on the test split: pick another setting"
     finally:
         torch.set_num_threads(threads)
+
+
+def test_mlflow_child_runs_hold_the_csv_values_and_the_parent_its_provenance(best_not_last_sweep):
+    """For every trial: the child run's final metrics equal its row of `results/<name>_results_by_seed.csv`,
+    `val_acc` (the latest value, what the MLflow UI shows) is the restored best checkpoint's (= best_val_acc,
+    the maximum of the per-epoch series, not its last point), `length_buckets.json` equals the run's
+    `test_acc_len_*`/`test_n_len_*` metrics and the CSV; the parent run names the commit and the search-space
+    file that ran."""
+    import json
+
+    sweep = best_not_last_sweep
+    client, rows = sweep.client, sweep.rows.set_index("trial_id")
+    assert len(sweep.children) == len(rows) == 2
+    assert sorted(rows[R.SEED]) == [0, 1] and set(rows["lr"]) == {0.03}  # the file's grid and constants ran
+    last_epoch_differs = 0
+    for run in sweep.children:
+        row, metrics = rows.loc[run.data.tags[R.TAG_TRIAL_ID]], run.data.metrics
+        assert run.info.status == "FINISHED" and row[R.STATUS] == R.STATUS_OK
+        for key in (R.TEST_ACC, R.BEST_VAL_ACC, R.BEST_EPOCH, R.EPOCHS_RUN, R.PARAMS, R.TEST_MACRO_F1, R.VAL_ACC):
+            assert metrics[key] == pytest.approx(row[key], rel=1e-12, abs=0), key
+        for key in (R.PE_TYPE, R.FUSION, R.SEED, "lr", "patience", "max_epochs"):
+            assert run.data.params[key] == str(row[key]), key
+
+        epochs = int(row[R.EPOCHS_RUN])
+        history = sorted(client.get_metric_history(run.info.run_id, R.VAL_ACC), key=lambda m: m.step)
+        per_epoch = [m.value for m in history if m.step <= epochs]
+        assert [m.step for m in history] == list(range(1, epochs + 2))  # each epoch once, then the final value
+        assert metrics[R.BEST_VAL_ACC] == max(per_epoch)
+        assert metrics[R.BEST_EPOCH] == per_epoch.index(max(per_epoch)) + 1
+        assert metrics[R.VAL_ACC] == metrics[R.BEST_VAL_ACC]  # README: the final val_acc is the restored best's
+        last_epoch_differs += per_epoch[-1] != max(per_epoch)
+
+        buckets = json.loads((_download(sweep, run.info.run_id, R.ARTIFACT_LENGTH_BUCKETS)).read_text())
+        logged = {k: v for k, v in metrics.items() if k.startswith((R.LENGTH_METRIC_PREFIX, R.LENGTH_COUNT_PREFIX))}
+        assert any(k.startswith(R.LENGTH_METRIC_PREFIX) for k in buckets)
+        assert buckets == logged
+        in_csv = {k: row[k] for k in row.index if k.startswith((R.LENGTH_METRIC_PREFIX, R.LENGTH_COUNT_PREFIX))
+                  and pd.notna(row[k])}
+        assert buckets == pytest.approx(in_csv, rel=1e-12, abs=0)
+    assert last_epoch_differs == 2, "the setting no longer has a best epoch before the last one"
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+    commit = head.stdout.strip()
+    assert len(commit) == 40
+    assert sweep.parent.data.tags[R.TAG_GIT_COMMIT] == commit
+    assert {run.data.tags[R.TAG_GIT_COMMIT] for run in sweep.children} == {commit}
+    assert Path(sweep.parent.data.tags[R.TAG_SEARCH_SPACE]).resolve() == sweep.space.resolve()
 
 
 def test_lr_batch_asha_stops_trials_early(local_ray, in_tmp, cache_dir, capsys):
