@@ -175,6 +175,8 @@ def test_arxiv_grid_script_end_to_end(local_ray, in_tmp, cache_dir, capsys):
 # learned/concat at Adam lr 0.03 with patience 1 on the smoke corpus: validation accuracy goes up, then down, so
 # each trial stops one epoch after its best (seed 0: best epoch 1 of 2; seed 1: best epoch 2 of 3, whose test
 # accuracy also differs from the last epoch's). A checkpoint or a val_acc taken from the last epoch shows.
+# device cpu: the test retrains these configs in its own process and compares weights bit for bit, which holds
+# only on the same device (on a GPU machine the test process would otherwise pick CUDA).
 BEST_NOT_LAST_SPACE = """\
 pe_type: {grid: [learned]}
 fusion: {grid: [concat]}
@@ -182,6 +184,7 @@ seed: {grid: [0, 1]}
 lr: 0.03
 max_epochs: 20
 patience: 1
+device: cpu
 """
 
 
