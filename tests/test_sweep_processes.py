@@ -110,8 +110,11 @@ def test_sigkill_then_resume_finishes_without_rerunning_or_duplicating(tmp_path,
     assert len(children) == 6 and len({c.data.tags[R.TAG_TRIAL_ID] for c in children}) == 6
     for child in children:
         assert child.info.status == "FINISHED"
+        # each epoch once, and the final (restored best) val_acc once at epochs_run + 1, even when its finish
+        # was cut by the kill and redone on resume
         steps = [m.step for m in client.get_metric_history(child.info.run_id, R.VAL_ACC)]
-        assert steps == sorted(set(steps)) == list(range(1, int(child.data.metrics[R.EPOCHS_RUN]) + 1))
+        assert steps == sorted(set(steps)) == list(range(1, int(child.data.metrics[R.EPOCHS_RUN]) + 2))
+        assert child.data.metrics[R.VAL_ACC] == child.data.metrics[R.BEST_VAL_ACC]
 
 
 @pytest.fixture

@@ -2,16 +2,20 @@
 ASHA, and the bad-input matrix (rejected before Ray starts)."""
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from conftest import load_script
+from conftest import REPO, load_script
 from pefusion import record as R
+from pefusion.data.batching import iter_batches
 from pefusion.errors import ConfigError
+from pefusion.fusion.training import Trainer
 from pefusion.sweep.tracking import resolve_tracking_uri
 
 
@@ -133,8 +137,11 @@ def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, 
     for name in R.FINAL_METRICS:
         assert name in run.data.metrics, name
     epochs = int(run.data.metrics[R.EPOCHS_RUN])
-    for name in R.EPOCH_METRICS:
-        assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == list(range(1, epochs + 1))
+    for name in R.EPOCH_METRICS:  # val_acc also has the final (restored best) value one step past the epochs
+        final_step = [epochs + 1] if name == R.VAL_ACC else []
+        assert ([m.step for m in client.get_metric_history(run.info.run_id, name)]
+                == list(range(1, epochs + 1)) + final_step)
+    assert run.data.metrics[R.VAL_ACC] == run.data.metrics[R.BEST_VAL_ACC]
     assert any(k.startswith(R.LENGTH_METRIC_PREFIX) for k in run.data.metrics)
     assert run.data.metrics[R.TEST_ACC] == pytest.approx(rows.loc[0, R.TEST_ACC])
 
@@ -176,6 +183,178 @@ def test_arxiv_grid_script_end_to_end(local_ray, in_tmp, cache_dir, capsys):
     assert parent.data.metrics["n_failed"] == 0
     logged = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, R.ARTIFACT_RESULTS_DIR)}
     assert logged == {"e2e_results_by_seed.csv", "e2e_results_aggregated.csv"}
+
+
+# learned/concat at Adam lr 0.03 with patience 1 on the smoke corpus: validation accuracy goes up, then down, so
+# each trial stops one epoch after its best (seed 0: best epoch 1 of 2; seed 1: best epoch 2 of 3, whose test
+# accuracy also differs from the last epoch's). A checkpoint or a val_acc taken from the last epoch shows.
+# device cpu: the test retrains these configs in its own process and compares weights bit for bit, which holds
+# only on the same device (on a GPU machine the test process would otherwise pick CUDA).
+BEST_NOT_LAST_SPACE = """\
+pe_type: {grid: [learned]}
+fusion: {grid: [concat]}
+seed: {grid: [0, 1]}
+lr: 0.03
+max_epochs: 20
+patience: 1
+device: cpu
+"""
+
+
+@pytest.fixture(scope="module")
+def best_not_last_sweep(local_ray, cache_dir, tmp_path_factory) -> SimpleNamespace:
+    """`sweeps/arxiv_grid.py` run once, as a user runs it, on BEST_NOT_LAST_SPACE (its own folder, sqlite store
+    and search-space file); the tests below read what it left in MLflow and in results/."""
+    from mlflow.tracking import MlflowClient
+
+    tmp = tmp_path_factory.mktemp("best_not_last")
+    space = tmp / "best_not_last.yaml"
+    space.write_text(BEST_NOT_LAST_SPACE)
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    grid = load_script("sweeps/arxiv_grid.py")
+    with pytest.MonkeyPatch.context() as mp:  # artifacts (./mlartifacts) and results/ land in tmp
+        mp.chdir(tmp)
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        code = grid.main(["--preset", "arxiv", "--synthetic", "--smoke", "--cache-dir", str(cache_dir),
+                          "--search-space", str(space), "--name", "bnl", "--no-dashboard"])
+    assert code == 0
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("pe-fusion")
+    (parent,) = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
+    children = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_PARENT}` = '{parent.info.run_id}'")
+    rows = pd.read_csv(tmp / "results" / "bnl_results_by_seed.csv")
+    return SimpleNamespace(tmp=tmp, uri=uri, client=client, space=space, parent=parent, children=children,
+                           rows=rows)
+
+
+def _download(sweep: SimpleNamespace, run_id: str, path: str) -> Path:
+    import mlflow
+
+    return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, tracking_uri=sweep.uri,
+                                                    dst_path=str(sweep.tmp / "dl" / run_id)))
+
+
+def _predict(model: torch.nn.Module, split, batch_size: int) -> np.ndarray:
+    """Predictions of `model` in the split's order, computed here, not by pefusion.training."""
+    preds = np.empty(len(split), dtype=np.int64)
+    model.eval()
+    with torch.no_grad():
+        for batch in iter_batches(split, batch_size, shuffle=False):
+            preds[batch.index.numpy()] = model(batch.tokens).argmax(-1).numpy()
+    return preds
+
+
+def test_child_run_checkpoint_is_the_best_epochs_weights(best_not_last_sweep, smoke_preset, smoke_corpus):
+    """The `checkpoint/model.pt` of each child run equals the weights this test saw after the trial's best
+    validation epoch (training the same config again here, one thread as in the trial, snapshotting every
+    epoch), not the last epoch's; and what those weights give on the test split is the run's test_acc and its
+    per-length-bucket accuracies."""
+    import yaml
+
+    from pefusion.fusion.config import split_trial_config
+    from pefusion.fusion.model import build_model_from_config
+
+    sweep = best_not_last_sweep
+    constants = {k: v for k, v in yaml.safe_load(BEST_NOT_LAST_SPACE).items() if not isinstance(v, dict)}
+    assert len(sweep.children) == 2
+    last_test_differs = 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the trainable's thread count: the same float arithmetic, the same weights
+    try:
+        for run in sweep.children:
+            config = {R.PE_TYPE: "learned", R.FUSION: "concat", R.SEED: int(run.data.params[R.SEED]), **constants}
+            model_cfg, train_cfg = split_trial_config(config, smoke_preset)
+            bs = train_cfg.batch_size
+            fresh = build_model_from_config(model_cfg, smoke_corpus.vocab_size, smoke_corpus.num_classes)
+            trainer = Trainer(model_cfg, train_cfg, smoke_corpus)  # reseeds: building `fresh` first changes nothing
+            snapshots, val, bad = [], [], 0
+            while bad < train_cfg.patience:  # early stopping by this test's own count (min_delta < 1/100)
+                trainer.train_epoch()
+                snapshots.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
+                fresh.load_state_dict(snapshots[-1])
+                val_split = smoke_corpus.validation
+                val.append(float(np.mean(_predict(fresh, val_split, bs) == val_split.labels)))
+                bad = 0 if val[-1] > max(val[:-1], default=-1.0) else bad + 1
+            best = int(np.argmax(val))
+            assert best + 1 < len(snapshots), f"best epoch is the last ({val}): the setting no longer discriminates"
+
+            metrics = run.data.metrics
+            assert (metrics[R.BEST_EPOCH], metrics[R.EPOCHS_RUN]) == (best + 1, len(snapshots))
+            saved = torch.load(_download(sweep, run.info.run_id, R.ARTIFACT_CHECKPOINT_DIR) / "model.pt",
+                               weights_only=True)
+            assert saved.keys() == snapshots[best].keys()
+            assert all(torch.equal(saved[k], snapshots[best][k]) for k in saved), "checkpoint != best epoch's weights"
+            assert not all(torch.equal(saved[k], snapshots[-1][k]) for k in saved)
+
+            fresh.load_state_dict(saved)
+            preds = _predict(fresh, smoke_corpus.test, bs)
+            assert metrics[R.TEST_ACC] == pytest.approx(np.mean(preds == smoke_corpus.test.labels))
+            assert metrics[R.BEST_VAL_ACC] == pytest.approx(val[best])
+            edges = smoke_preset.data.length_edges
+            labels = [f"le{e}" for e in edges] + [f"gt{edges[-1]}"]
+            lo = [-1, *edges]
+            for i, label in enumerate(labels):
+                raw = smoke_corpus.test.raw_lengths
+                sel = (raw > lo[i]) & (raw <= edges[i]) if i < len(edges) else raw > edges[-1]
+                key = R.length_metric(label)
+                if sel.any():
+                    assert metrics[key] == pytest.approx(np.mean(preds[sel] == smoke_corpus.test.labels[sel])), key
+                else:
+                    assert key not in metrics, key
+            fresh.load_state_dict(snapshots[-1])
+            last_test = np.mean(_predict(fresh, smoke_corpus.test, bs) == smoke_corpus.test.labels)
+            last_test_differs += bool(last_test != metrics[R.TEST_ACC])
+        # seed 1's last epoch scores differently on the test split, so a test_acc taken from it would show too
+        assert last_test_differs >= 1, "no trial's last epoch differs on the test split: pick another setting"
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_mlflow_child_runs_hold_the_csv_values_and_the_parent_its_provenance(best_not_last_sweep):
+    """For every trial: the child run's final metrics equal its row of `results/<name>_results_by_seed.csv`,
+    `val_acc` (the latest value, what the MLflow UI shows) is the restored best checkpoint's (= best_val_acc,
+    the maximum of the per-epoch series, not its last point), `length_buckets.json` equals the run's
+    `test_acc_len_*`/`test_n_len_*` metrics and the CSV; the parent run names the commit and the search-space
+    file that ran."""
+    import json
+
+    sweep = best_not_last_sweep
+    client, rows = sweep.client, sweep.rows.set_index("trial_id")
+    assert len(sweep.children) == len(rows) == 2
+    assert sorted(rows[R.SEED]) == [0, 1] and set(rows["lr"]) == {0.03}  # the file's grid and constants ran
+    last_epoch_differs = 0
+    for run in sweep.children:
+        row, metrics = rows.loc[run.data.tags[R.TAG_TRIAL_ID]], run.data.metrics
+        assert run.info.status == "FINISHED" and row[R.STATUS] == R.STATUS_OK
+        for key in (R.TEST_ACC, R.BEST_VAL_ACC, R.BEST_EPOCH, R.EPOCHS_RUN, R.PARAMS, R.TEST_MACRO_F1, R.VAL_ACC):
+            assert metrics[key] == pytest.approx(row[key], rel=1e-12, abs=0), key
+        for key in (R.PE_TYPE, R.FUSION, R.SEED, "lr", "patience", "max_epochs"):
+            assert run.data.params[key] == str(row[key]), key
+
+        epochs = int(row[R.EPOCHS_RUN])
+        history = sorted(client.get_metric_history(run.info.run_id, R.VAL_ACC), key=lambda m: m.step)
+        per_epoch = [m.value for m in history if m.step <= epochs]
+        assert [m.step for m in history] == list(range(1, epochs + 2))  # each epoch once, then the final value
+        assert metrics[R.BEST_VAL_ACC] == max(per_epoch)
+        assert metrics[R.BEST_EPOCH] == per_epoch.index(max(per_epoch)) + 1
+        assert metrics[R.VAL_ACC] == metrics[R.BEST_VAL_ACC]  # README: the final val_acc is the restored best's
+        last_epoch_differs += per_epoch[-1] != max(per_epoch)
+
+        buckets = json.loads((_download(sweep, run.info.run_id, R.ARTIFACT_LENGTH_BUCKETS)).read_text())
+        logged = {k: v for k, v in metrics.items() if k.startswith((R.LENGTH_METRIC_PREFIX, R.LENGTH_COUNT_PREFIX))}
+        assert any(k.startswith(R.LENGTH_METRIC_PREFIX) for k in buckets)
+        assert buckets == logged
+        in_csv = {k: row[k] for k in row.index if k.startswith((R.LENGTH_METRIC_PREFIX, R.LENGTH_COUNT_PREFIX))
+                  and pd.notna(row[k])}
+        assert buckets == pytest.approx(in_csv, rel=1e-12, abs=0)
+    assert last_epoch_differs == 2, "the setting no longer has a best epoch before the last one"
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+    commit = head.stdout.strip()
+    assert len(commit) == 40
+    assert sweep.parent.data.tags[R.TAG_GIT_COMMIT] == commit
+    assert {run.data.tags[R.TAG_GIT_COMMIT] for run in sweep.children} == {commit}
+    assert Path(sweep.parent.data.tags[R.TAG_SEARCH_SPACE]).resolve() == sweep.space.resolve()
 
 
 def test_lr_batch_asha_stops_trials_early(local_ray, in_tmp, cache_dir, capsys):

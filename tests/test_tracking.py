@@ -69,3 +69,26 @@ def test_trials_tune_had_concluded_are_finished_at_experiment_end_and_others_lef
     assert client.get_run(cut).data.metrics[R.TEST_ACC] == 0.75
     # epochs are never re-logged by a finish
     assert [m.step for m in client.get_metric_history(cut, R.VAL_ACC)] == [1, 2]
+
+
+def test_final_val_acc_is_the_runs_value_and_a_redone_finish_logs_it_once(recorder):
+    """The record's val_acc (the restored best epoch's: epoch 1 here, below the last epoch's) is what MLflow
+    gives as the run's val_acc, logged one step past the epochs; a finish cut by a driver kill after its
+    metrics, and redone by the restarted driver, does not log it a second time."""
+    run_id = recorder.trial_run("t1", {R.SEED: 0})
+    for epoch, acc in ((1, 0.8), (2, 0.7)):
+        recorder.log_epoch("t1", epoch, {R.VAL_ACC: acc})
+    record = {**FINAL, R.VAL_ACC: 0.8, R.BEST_VAL_ACC: 0.8, R.BEST_EPOCH: 1}
+    recorder.finish_trial("t1", record)
+    client: MlflowClient = recorder.client
+    assert client.get_run(run_id).data.metrics[R.VAL_ACC] == 0.8
+    history = [(m.step, m.value) for m in client.get_metric_history(run_id, R.VAL_ACC)]
+    assert sorted(history) == [(1, 0.8), (2, 0.7), (3, 0.8)]
+
+    client.delete_tag(run_id, R.TAG_STATUS)  # as if killed after the metrics, before the tag and the status
+    client.update_run(run_id, status="RUNNING")
+    callback = _restarted(recorder)
+    callback.on_trial_complete(0, [], _trial("t1", result=record))
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics[R.VAL_ACC] == 0.8
+    assert sorted(m.step for m in client.get_metric_history(run_id, R.VAL_ACC)) == [1, 2, 3]

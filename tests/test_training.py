@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from pefusion import record as R
-from pefusion.fusion.config import PRESETS
+from pefusion.data.batching import iter_batches
 from pefusion.data.corpus import load_corpus
+from pefusion.fusion.config import PRESETS
 from pefusion.fusion.training import Trainer, length_bucket_accuracy, macro_f1, train_and_evaluate
 
 TIMING = {R.LAT_MS_MEAN, R.LAT_MS_STD, R.TRAIN_TIME_S}
@@ -76,6 +77,66 @@ def test_early_stopping_restores_the_best_checkpoint(smoke_preset, smoke_corpus)
     assert record[R.EPOCHS_RUN] == 3 and record[R.BEST_EPOCH] == 1
     assert record[R.VAL_ACC] == record[R.BEST_VAL_ACC] == trainer.history[0][R.VAL_ACC]
     assert [h[R.EPOCH] for h in trainer.history] == [1, 2, 3]
+
+
+def _accuracy_and_preds(model: torch.nn.Module, split, batch_size: int) -> tuple[float, np.ndarray]:
+    """Accuracy and predictions (in the split's order) of `model`, computed here rather than by `Trainer`."""
+    model.eval()
+    preds = np.empty(len(split), dtype=np.int64)
+    with torch.no_grad():
+        for batch in iter_batches(split, batch_size, shuffle=False):
+            preds[batch.index.numpy()] = model(batch.tokens).argmax(-1).numpy()
+    return float(np.mean(preds == split.labels)), preds
+
+
+# (learned, concat, seed 1, Adam lr 0.03) on the smoke corpus: validation accuracy rises and falls from epoch to
+# epoch, so the best epoch is not the last one either when early stopping ends the run (patience 1: best epoch
+# 2, stopped after 3) or when the epoch budget does (8 epochs: best epoch 7 at 0.74, epoch 8 at 0.65).
+BEST_NOT_LAST = [pytest.param(dict(early_stopping=True, patience=1, max_epochs=20), id="early-stopped"),
+                 pytest.param(dict(early_stopping=False, max_epochs=8), id="epoch-budget")]
+
+
+@pytest.mark.parametrize("stopping", BEST_NOT_LAST)
+def test_final_record_is_the_best_epochs_weights_not_the_last(smoke_preset, smoke_corpus, stopping):
+    """The record's test/val metrics are those of the best validation epoch's weights, snapshotted here after
+    every epoch and re-evaluated in a freshly built model: skipping the restore of the best state would report
+    the last epoch's weights instead."""
+    from sklearn.metrics import f1_score
+
+    from pefusion.fusion.model import build_model_from_config
+
+    model_cfg = dataclasses.replace(smoke_preset.model, pe_type="learned", fusion="concat")
+    # on the CPU, like the freshly built model that re-evaluates the snapshots (same arithmetic, same argmax)
+    train_cfg = dataclasses.replace(smoke_preset.train, lr=0.03, seed=1, device="cpu", **stopping)
+    snapshots: list[dict[str, torch.Tensor]] = []  # weights after epoch i + 1, copied by this test
+
+    def keep(metrics: dict, trainer: Trainer) -> None:
+        snapshots.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
+
+    record = train_and_evaluate(model_cfg, train_cfg, smoke_corpus, length_edges=smoke_preset.data.length_edges,
+                                on_epoch=keep)
+
+    bs = train_cfg.batch_size
+    fresh = build_model_from_config(model_cfg, smoke_corpus.vocab_size, smoke_corpus.num_classes)
+    val, test = [], []
+    for state in snapshots:
+        fresh.load_state_dict(state)
+        val.append(_accuracy_and_preds(fresh, smoke_corpus.validation, bs)[0])
+        test.append(_accuracy_and_preds(fresh, smoke_corpus.test, bs))
+    best = int(np.argmax(val))  # the first epoch with the highest validation accuracy (min_delta < 1/len(val))
+    # the setting must discriminate: a best epoch before the last one, whose weights score differently
+    assert best + 1 < len(snapshots), f"best epoch is the last one ({val}): pick another setting"
+    assert val[best] != val[-1] and test[best][0] != test[-1][0], (val, [t[0] for t in test])
+    if train_cfg.early_stopping:  # stopped by patience, not by the epoch budget
+        assert len(snapshots) < train_cfg.max_epochs and len(snapshots) - (best + 1) == train_cfg.patience
+
+    assert record[R.STATUS] == R.STATUS_OK and record[R.EPOCHS_RUN] == len(snapshots)
+    assert record[R.BEST_EPOCH] == best + 1
+    assert record[R.BEST_VAL_ACC] == pytest.approx(val[best])
+    assert record[R.VAL_ACC] == pytest.approx(val[best])  # the restored checkpoint's, not the last epoch's
+    best_test_acc, best_preds = test[best]
+    assert record[R.TEST_ACC] == pytest.approx(best_test_acc)
+    assert record[R.TEST_MACRO_F1] == pytest.approx(f1_score(smoke_corpus.test.labels, best_preds, average="macro"))
 
 
 def test_record_has_every_spec_field(smoke_preset, smoke_corpus):

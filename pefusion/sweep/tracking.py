@@ -219,12 +219,33 @@ class SweepRecorder:
         self._done.add(run_id)
         status = str(record.get(R.STATUS, R.STATUS_OK))
         self._log_metrics(run_id, {k: v for k, v in record.items() if k not in R.EPOCH_METRICS}, step)
+        self._log_final_val_acc(run_id, record)
         self.client.set_tag(run_id, R.TAG_STATUS, status)
         if record.get(R.ERROR):
             self.client.set_tag(run_id, R.TAG_ERROR, str(record[R.ERROR])[:5000])
         if artifact_dir:
             self.client.log_artifacts(run_id, artifact_dir)
         self.client.set_terminated(run_id, status="FINISHED" if status in R.SUCCESS_STATUSES else "FAILED")
+
+    def _log_final_val_acc(self, run_id: str, record: Mapping[str, Any]) -> None:
+        """The restored best checkpoint's `val_acc` once more, at step = epochs_run + 1.
+
+        Why: a run's value of a metric in MLflow (`get_run`, `search_runs`, the UI's run table) is the one logged
+        at the largest step, ties broken by the latest timestamp (SqlAlchemyStore._update_latest_metrics_if_
+        necessary compares (step, timestamp, value)). The final metrics leave `val_acc` out (a per-epoch name),
+        and at their step 0 it would lose to the epochs anyway, so MLflow showed the last epoch's value while
+        the record, the CSV and the README promise the restored best checkpoint's (= best_val_acc). One step
+        past the last epoch it is the run's value, and the per-epoch series at steps 1..epochs_run stays as it
+        was. Only for 'ok' records: a scheduler-stopped trial restores nothing (its val_acc is its last
+        epoch's), a failed one has none.
+        """
+        if record.get(R.STATUS) != R.STATUS_OK or R.VAL_ACC not in record or R.EPOCHS_RUN not in record:
+            return
+        step = int(record[R.EPOCHS_RUN]) + 1
+        if self._last_step.get(run_id, 0) >= step:  # logged by a driver killed inside this finish: don't repeat
+            return
+        self._log_metrics(run_id, {R.VAL_ACC: record[R.VAL_ACC]}, step)
+        self._last_step[run_id] = step
 
     def log_parent_artifacts(self, paths: Iterable[Path], artifact_path: str = R.ARTIFACT_RESULTS_DIR) -> None:
         log_artifacts_to_run(self.uri, self.parent_run_id, paths, artifact_path)
