@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 
-from conftest import load_script
+from conftest import REPO, load_script
 from pefusion import record as R
 from pefusion.config import ConfigError
 from pefusion.tracking import resolve_tracking_uri
@@ -218,3 +219,50 @@ def test_phase_diagram_rejects_an_init_axis_and_bad_points(in_tmp):
         cv.student_main("phase_diagram", ["--smoke", "--alphas", "0"])
     with pytest.raises(ConfigError, match="omega"):
         cv.student_main("phase_diagram", ["--smoke", "--omegas", "1.5"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The README's commands with their defaults: --preset demo's search spaces
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _space_file(name: str) -> dict:
+    """A search-space YAML of the repository, read here independently of pefusion.search_space."""
+    return yaml.safe_load((REPO / "search_spaces" / name).read_text())
+
+
+def _sweep_runs(name: str, experiment: str = "pe-fusion"):
+    """(client, parent run, child runs) of the sweep `--name name` in this test's MLflow store."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(resolve_tracking_uri())
+    exp = client.get_experiment_by_name(experiment)
+    parents = [p for p in client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
+               if Path(p.data.tags[R.TAG_STORAGE]).name == name]
+    assert len(parents) == 1, [p.data.tags[R.TAG_STORAGE] for p in parents]
+    children = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_PARENT}` = '{parents[0].info.run_id}'")
+    return client, parents[0], children
+
+
+def _epochs_logged(client, run) -> list[int]:
+    return [m.step for m in client.get_metric_history(run.info.run_id, R.VAL_ACC)]
+
+
+@pytest.mark.parametrize("sweep,narrowing,demo_file", [
+    ("arxiv_grid", ["--pe-types", "sinusoidal", "--fusions", "add"], "arxiv_grid_demo.yaml"),
+    ("lambda_cv", ["--alphas", "0.5", "--inits", "semantic"], "lambda_cv_demo.yaml"),
+])
+def test_preset_demo_runs_the_demo_search_space(local_ray, in_tmp, sweep, narrowing, demo_file):
+    """`--preset demo` sweeps search_spaces/<sweep>_demo.yaml: the seeds the trials ran are the demo file's,
+    which differ from the default file's (narrowed on the other axes to seconds; the seed axis is left alone)."""
+    demo_seeds = _space_file(demo_file)[R.SEED]["grid"]
+    assert demo_seeds != _space_file(f"{sweep}.yaml")[R.SEED]["grid"]  # else this test could not tell them apart
+    script = load_script(f"sweeps/{sweep}.py")
+    argv = ["--preset", "demo", "--smoke", *narrowing, "--name", "demo", "--no-dashboard"]
+    code = script.main(argv) if sweep == "arxiv_grid" else script.student_main(sweep, argv)
+    assert code == 0
+    experiment = "pe-fusion" if sweep == "arxiv_grid" else "student-attention"
+    _, parent, children = _sweep_runs("demo", experiment)
+    assert Path(parent.data.tags[R.TAG_SEARCH_SPACE]).resolve() == (REPO / "search_spaces" / demo_file).resolve()
+    assert sorted(int(c.data.params[R.SEED]) for c in children) == sorted(demo_seeds)
+    assert all(c.data.tags[R.TAG_STATUS] == R.STATUS_OK for c in children)
