@@ -222,7 +222,8 @@ def test_phase_diagram_rejects_an_init_axis_and_bad_points(in_tmp):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The README's commands with their defaults: --preset demo's search spaces
+# The README's commands with their defaults: --preset demo's search spaces, lr_batch_asha's random search and
+# FIFO scheduler, Optuna's sampler seed
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -266,3 +267,81 @@ def test_preset_demo_runs_the_demo_search_space(local_ray, in_tmp, sweep, narrow
     assert Path(parent.data.tags[R.TAG_SEARCH_SPACE]).resolve() == (REPO / "search_spaces" / demo_file).resolve()
     assert sorted(int(c.data.params[R.SEED]) for c in children) == sorted(demo_seeds)
     assert all(c.data.tags[R.TAG_STATUS] == R.STATUS_OK for c in children)
+
+
+def test_lr_batch_asha_default_random_search_samples_lr_batch_yaml(local_ray, in_tmp, cache_dir, capsys):
+    """`python sweeps/lr_batch_asha.py` with its defaults (random search, ASHA, search_spaces/lr_batch.yaml):
+    every trial's configuration comes from the file, and the printed epoch budget is what MLflow logged."""
+    asha = load_script("sweeps/lr_batch_asha.py")
+    n, max_t = 4, 3
+    code = asha.main(["--preset", "arxiv", "--synthetic", "--smoke", "--cache-dir", str(cache_dir),
+                      "--num-samples", str(n), "--max-t", str(max_t), "--name", "random", "--no-dashboard"])
+    assert code == 0
+    out = capsys.readouterr().out
+    space = _space_file("lr_batch.yaml")
+    lo, hi = map(float, space["lr"]["loguniform"])  # YAML 1.1 reads 1e-4 as a string
+    batch_sizes = space["batch_size"]["choice"]
+    client, parent, children = _sweep_runs("random")
+    assert Path(parent.data.tags[R.TAG_SEARCH_SPACE]).name == "lr_batch.yaml"
+    assert len(children) == n
+    lrs = [float(c.data.params["lr"]) for c in children]
+    assert all(lo <= lr <= hi for lr in lrs) and len(set(lrs)) == n  # sampled, one value per trial
+    assert {int(c.data.params["batch_size"]) for c in children} <= set(batch_sizes)
+    for key in (R.PE_TYPE, R.FUSION, R.SEED):  # the file's constants
+        assert {c.data.params[key] for c in children} == {str(space[key])}
+    epochs = {c.data.tags[R.TAG_TRIAL_ID]: _epochs_logged(client, c) for c in children}
+    for child in children:
+        logged = epochs[child.data.tags[R.TAG_TRIAL_ID]]
+        assert logged == list(range(1, len(logged) + 1)) and 1 <= len(logged) <= max_t
+        assert child.data.tags[R.TAG_STATUS] in (R.STATUS_OK, R.STATUS_STOPPED)
+        assert child.data.metrics[R.EPOCHS_RUN] == len(logged)
+        if child.data.tags[R.TAG_STATUS] == R.STATUS_OK:  # no in-trial early stopping here: the whole budget
+            assert len(logged) == max_t and R.TEST_ACC in child.data.metrics
+    trained = sum(len(e) for e in epochs.values())
+    n_stopped = sum(c.data.tags[R.TAG_STATUS] == R.STATUS_STOPPED for c in children)
+    assert (f"epochs trained: {trained} of {n * max_t} without early stopping ({100 * trained / (n * max_t):.1f}%); "
+            f"{n_stopped} trials stopped by ASHA, 0 failed") in out
+
+
+def test_lr_batch_asha_fifo_trains_every_trial_for_max_t_epochs(local_ray, in_tmp, smoke_preset, smoke_corpus,
+                                                                cache_dir, capsys):
+    """`--scheduler fifo`: every trial trains --max-t epochs and none is 'stopped'. The trials are set up so
+    that either early stopping would end one: a frozen learning rate keeps validation accuracy flat (the paper's
+    in-trial patience would stop it), and the first trial starts with higher accuracy than the second (ASHA would
+    stop the second at its first rung)."""
+    from pefusion.config import split_trial_config
+    from pefusion.training import Trainer
+
+    fixed = {"lr": 1e-12, "batch_size": 64, R.PE_TYPE: "sinusoidal", R.FUSION: "gate_scalar"}
+
+    def initial_val_acc(seed: int) -> float:
+        model_cfg, train_cfg = split_trial_config({**fixed, R.SEED: seed}, smoke_preset)
+        return Trainer(model_cfg, train_cfg, smoke_corpus).evaluate(smoke_corpus.validation)["acc"]
+
+    acc = {seed: initial_val_acc(seed) for seed in range(6)}
+    first, second = max(acc, key=acc.get), min(acc, key=acc.get)
+    space = in_tmp / "frozen.yaml"
+    space.write_text(yaml.safe_dump({**fixed, R.SEED: {"grid": [first, second]}}))
+    max_t = smoke_preset.train.patience + 2
+    asha = load_script("sweeps/lr_batch_asha.py")
+    code = asha.main(["--preset", "arxiv", "--synthetic", "--smoke", "--cache-dir", str(cache_dir),
+                      "--search-space", str(space), "--scheduler", "fifo", "--num-samples", "1", "--max-t", str(max_t),
+                      "--max-concurrent", "1", "--name", "fifo", "--no-dashboard"])
+    assert code == 0
+    out = capsys.readouterr().out
+    client, _, children = _sweep_runs("fifo")
+    by_seed = {int(c.data.params[R.SEED]): c for c in children}
+    assert set(by_seed) == {first, second}
+    # the setup: accuracy is flat, and the second trial is below the first at epoch 1
+    histories = {s: [m.value for m in client.get_metric_history(c.info.run_id, R.VAL_ACC)]
+                 for s, c in by_seed.items()}
+    assert histories[first][0] > histories[second][0]
+    assert all(len(set(h)) == 1 for h in histories.values())
+    for child in children:
+        assert child.data.tags[R.TAG_STATUS] == R.STATUS_OK
+        assert _epochs_logged(client, child) == list(range(1, max_t + 1))
+        assert child.data.metrics[R.EPOCHS_RUN] == max_t and R.TEST_ACC in child.data.metrics
+    rows = pd.read_csv(in_tmp / "results" / "fifo_results_by_seed.csv")
+    assert list(rows[R.STATUS]) == [R.STATUS_OK] * 2 and list(rows[R.EPOCHS_RUN]) == [max_t] * 2
+    assert (f"epochs trained: {2 * max_t} of {2 * max_t} without early stopping (100.0%); 0 trials stopped by "
+            f"ASHA, 0 failed") in out
