@@ -345,3 +345,21 @@ def test_lr_batch_asha_fifo_trains_every_trial_for_max_t_epochs(local_ray, in_tm
     assert list(rows[R.STATUS]) == [R.STATUS_OK] * 2 and list(rows[R.EPOCHS_RUN]) == [max_t] * 2
     assert (f"epochs trained: {2 * max_t} of {2 * max_t} without early stopping (100.0%); 0 trials stopped by "
             f"ASHA, 0 failed") in out
+
+
+def test_optuna_sampler_seed_fixes_the_sampled_configurations(local_ray, in_tmp, cache_dir):
+    """`--search optuna --sampler-seed S`: the same S samples the same configurations, another S others."""
+    asha = load_script("sweeps/lr_batch_asha.py")
+
+    def sampled(name: str, seed: int) -> list[tuple[float, int]]:
+        code = asha.main(["--preset", "arxiv", "--synthetic", "--smoke", "--cache-dir", str(cache_dir),
+                          "--search", "optuna", "--sampler-seed", str(seed), "--num-samples", "3", "--max-t", "1",
+                          "--name", name, "--no-dashboard"])
+        assert code == 0
+        _, _, children = _sweep_runs(name)
+        assert len(children) == 3
+        return sorted((float(c.data.params["lr"]), int(c.data.params["batch_size"])) for c in children)
+
+    first, again, other = sampled("seed7", 7), sampled("seed7-again", 7), sampled("seed8", 8)
+    assert first == again
+    assert {lr for lr, _ in other}.isdisjoint({lr for lr, _ in first})
