@@ -1,22 +1,70 @@
 """Shared fixtures: a tiny synthetic corpus, a smoke-sized preset, a real local Ray, a real sqlite MLflow."""
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import importlib.util
 import os
+import secrets
+import shutil
 import socket
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Everything the session writes outside a test's tmp_path: caches, the Ray token, a fallback MLflow store.
+SESSION_DIR = Path(tempfile.mkdtemp(prefix="pefusion-tests-"))
+atexit.register(shutil.rmtree, SESSION_DIR, True)
 
-# Tests never touch the network: the Hugging Face hub is offline, Ray doesn't phone home.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+def _isolate_from_the_users_machine() -> None:
+    """Set (not setdefault) what keeps the suite off the network and out of the user's caches and clusters.
+
+    A user's own settings (HF_HUB_OFFLINE=0, a warm ~/.cache/huggingface, MLFLOW_TRACKING_URI of their server, an
+    existing or missing ~/.ray/auth_token) must change nothing: tests run offline, on empty temporary caches, with
+    a token of their own. Set at import, before any test imports datasets/huggingface_hub (which read these once),
+    and inherited by every process a test starts (Ray's workers included).
+    """
+    env = os.environ
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env[var] = "1"
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    hf = SESSION_DIR / "huggingface"
+    env["HF_HOME"] = str(hf)
+    for var, sub in (("HF_HUB_CACHE", "hub"), ("HUGGINGFACE_HUB_CACHE", "hub"), ("HF_DATASETS_CACHE", "datasets"),
+                     ("HF_MODULES_CACHE", "modules"), ("HF_ASSETS_CACHE", "assets"), ("HF_XET_CACHE", "xet")):
+        env[var] = str(hf / sub)
+    env["PEFUSION_CACHE"] = str(SESSION_DIR / "pefusion_cache")
+    # A test that forgets its own store writes here, never to the user's tracking server.
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{SESSION_DIR / 'mlflow.db'}"
+    # Ray >= 2.59 turns token authentication on for local clusters and, with no token found, writes one to
+    # ~/.ray/auth_token. A token file of the session's own means Ray never writes into the user's home.
+    token = SESSION_DIR / "ray_auth_token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    env.pop("RAY_AUTH_TOKEN", None)  # it would win over RAY_AUTH_TOKEN_PATH
+    env["RAY_AUTH_TOKEN_PATH"] = str(token)
+    # Processes the tests start (sweep drivers, `ray start`, Ray's workers) import the repository under test, not
+    # another installed copy of pefusion.
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+
+
+_isolate_from_the_users_machine()
+
+
+def subprocess_env(**overrides: str | None) -> dict[str, str]:
+    """The session's environment for a process a test starts; an override of None removes the variable."""
+    env = dict(os.environ)
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
 
 
 def load_script(relpath: str):

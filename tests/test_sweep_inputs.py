@@ -58,6 +58,7 @@ def test_exit_code_2_and_one_line_from_the_command_line(tmp_path):
 
 
 def test_unreachable_hub_names_the_three_ways_to_supply_data(tmp_path, cache_dir):
+    """Offline, on the session's empty Hugging Face cache (conftest): a user's warm cache is never read."""
     grid = load_script("sweeps/arxiv_grid.py")
     with pytest.raises(ConfigError) as err:
         grid.main(["--preset", "arxiv", "--cache-dir", str(cache_dir), "--tracking-uri",

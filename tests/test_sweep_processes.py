@@ -1,22 +1,26 @@
 """Sweeps driven as a user drives them, in separate processes: a driver killed with SIGKILL then `--resume`,
-`--address auto` against a `ray start --head` cluster, and tracking on a real `mlflow server`."""
+`--address auto` against a `ray start --head` cluster (of the test's own, on free ports), and tracking on a real
+`mlflow server`."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 import torch
 
-from conftest import REPO, free_port
+from conftest import REPO, free_port, subprocess_env
 from pefusion import record as R
 from pefusion.fusion.trainable import TIMING_COLUMNS
 
@@ -27,10 +31,11 @@ GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "3", "--pe-ty
         "--no-dashboard"]
 
 
-def _sweep(cwd: Path, *args: str, tracking: str, cache_dir: Path, wait: bool = True, timeout: float = 600):
+def _sweep(cwd: Path, *args: str, tracking: str, cache_dir: Path, wait: bool = True, timeout: float = 600,
+           env: dict[str, str] | None = None):
     cmd = [sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *args, "--tracking-uri", tracking,
            "--cache-dir", str(cache_dir)]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = env or subprocess_env()
     if not wait:
         return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -117,20 +122,70 @@ def test_sigkill_then_resume_finishes_without_rerunning_or_duplicating(tmp_path,
         assert child.data.metrics[R.VAL_ACC] == child.data.metrics[R.BEST_VAL_ACC]
 
 
+def _ray_cli() -> str:
+    """The `ray` command of the Python running the tests (not whichever `ray` is first on PATH)."""
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else shutil.which("ray")
+
+
 @pytest.fixture
 def head_node():
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    subprocess.run(["ray", "start", "--head", "--num-cpus", "2", "--include-dashboard=false",
-                    "--disable-usage-stats"], check=True, capture_output=True, env=env, timeout=120)
-    yield
-    subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=120)
+    """`ray start --head` as the README's cluster section has it, kept off anything else on the machine: free
+    ports (6379, 10001 and 52365 may be a user's cluster), a temp dir of its own, token authentication set
+    explicitly for the head and for the sweep (as on every node of a real cluster; the token is the session's).
+
+    Torn down by stopping exactly what it started, never `ray stop`, which kills every Ray process on the machine,
+    a user's cluster included: `ray start --block` shuts its node down on SIGTERM; anything of its process tree
+    still alive after that is killed by PID. A stand-in for a user's Ray process (a command line `ray stop` would
+    match) must survive the whole test."""
+    import ray  # noqa: F401  (Ray ships psutil and puts it on the path)
+    import psutil
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", "default_worker.py"])
+    temp_dir = Path(tempfile.mkdtemp(prefix="pfray-"))  # short: Ray's socket paths must fit in 107 bytes
+    port = free_port()
+    env = subprocess_env(RAY_AUTH_MODE="token")
+    log_path = temp_dir / "ray_start.log"
+    with log_path.open("w") as log:
+        head = subprocess.Popen(
+            [_ray_cli(), "start", "--head", "--block", "--port", str(port), "--num-cpus", "2",
+             "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", str(temp_dir),
+             "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
+             "--min-worker-port", "0", "--max-worker-port", "0"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while "Ray runtime started" not in log_path.read_text():
+            assert head.poll() is None, log_path.read_text()[-3000:]
+            assert time.time() < deadline, "ray start --head did not come up: " + log_path.read_text()[-3000:]
+            time.sleep(0.5)
+        yield SimpleNamespace(env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}, temp_dir=temp_dir)
+    finally:
+        try:
+            started = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            started = []
+        head.send_signal(signal.SIGTERM)
+        _, alive = psutil.wait_procs(started, timeout=90)
+        for proc in alive:
+            proc.kill()
+        psutil.wait_procs(alive, timeout=30)
+        head.wait(timeout=30)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        bystander_alive = bystander.poll() is None
+        bystander.kill()
+        bystander.wait()
+        assert bystander_alive, "the teardown killed a Ray process it did not start"
 
 
 def test_address_auto_joins_a_running_cluster(tmp_path, cache_dir, head_node):
+    """`--address auto` on the head node, with RAY_ADDRESS naming this test's head: `auto` alone could find a
+    user's cluster. The driver's log in the head's temp dir shows the sweep ran on this cluster."""
     db = tmp_path / "mlflow.db"
     proc = _sweep(tmp_path, "--preset", "arxiv", "--synthetic", "--smoke", "--pe-types", "rope", "--fusions",
                   "gate_scalar", "--seeds", "0", "--address", "auto", "--name", "cluster",
-                  tracking=f"sqlite:///{db}", cache_dir=cache_dir)
+                  tracking=f"sqlite:///{db}", cache_dir=cache_dir, env=head_node.env)
+    assert list(head_node.temp_dir.glob("session_*/logs/python-core-driver-*.log")), "the sweep ran elsewhere"
     assert "1 trials, 1 ok, 0 failed" in proc.stdout
     from mlflow.tracking import MlflowClient
 
@@ -147,7 +202,7 @@ def mlflow_server(tmp_path):
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{tmp_path}/server.db", "--artifacts-destination",
          str(tmp_path / "server_artifacts"), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=subprocess_env())
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while True:

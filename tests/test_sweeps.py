@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 
 from conftest import REPO, load_script
 from pefusion import record as R
@@ -235,7 +236,7 @@ def _download(sweep: SimpleNamespace, run_id: str, path: str) -> Path:
 
 
 def _predict(model: torch.nn.Module, split, batch_size: int) -> np.ndarray:
-    """Predictions of `model` in the split's order, computed here, not by pefusion.training."""
+    """Predictions of `model` in the split's order, computed here, not by pefusion.fusion.training."""
     preds = np.empty(len(split), dtype=np.int64)
     model.eval()
     with torch.no_grad():
@@ -410,3 +411,148 @@ def test_phase_diagram_rejects_an_init_axis_and_bad_points(in_tmp):
         cv.main(["--smoke", "--alphas", "0"])
     with pytest.raises(ConfigError, match="omega"):
         cv.main(["--smoke", "--omegas", "1.5"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The README's commands with their defaults: --preset demo's search spaces, lr_batch_asha's random search and
+# FIFO scheduler, Optuna's sampler seed
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _space_file(name: str) -> dict:
+    """A search-space YAML of the repository, read here independently of pefusion.sweep.space."""
+    return yaml.safe_load((REPO / "search_spaces" / name).read_text())
+
+
+def _sweep_runs(name: str, experiment: str = "pe-fusion"):
+    """(client, parent run, child runs) of the sweep `--name name` in this test's MLflow store."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(resolve_tracking_uri())
+    exp = client.get_experiment_by_name(experiment)
+    parents = [p for p in client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
+               if Path(p.data.tags[R.TAG_STORAGE]).name == name]
+    assert len(parents) == 1, [p.data.tags[R.TAG_STORAGE] for p in parents]
+    children = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_PARENT}` = '{parents[0].info.run_id}'")
+    return client, parents[0], children
+
+
+def _epochs_logged(client, run) -> list[int]:
+    """Steps of a per-epoch-only metric (val_acc also has the final value, one step past the last epoch)."""
+    return [m.step for m in client.get_metric_history(run.info.run_id, R.TRAIN_LOSS)]
+
+
+@pytest.mark.parametrize("sweep,narrowing,demo_file", [
+    ("arxiv_grid", ["--pe-types", "sinusoidal", "--fusions", "add"], "arxiv_grid_demo.yaml"),
+    ("lambda_cv", ["--alphas", "0.5", "--inits", "semantic"], "lambda_cv_demo.yaml"),
+])
+def test_preset_demo_runs_the_demo_search_space(local_ray, in_tmp, sweep, narrowing, demo_file):
+    """`--preset demo` sweeps search_spaces/<sweep>_demo.yaml: the seeds the trials ran are the demo file's,
+    which differ from the default file's (narrowed on the other axes to seconds; the seed axis is left alone)."""
+    demo_seeds = _space_file(demo_file)[R.SEED]["grid"]
+    assert demo_seeds != _space_file(f"{sweep}.yaml")[R.SEED]["grid"]  # else this test could not tell them apart
+    script = load_script(f"sweeps/{sweep}.py")
+    argv = ["--preset", "demo", "--smoke", *narrowing, "--name", "demo", "--no-dashboard"]
+    code = script.main(argv)
+    assert code == 0
+    experiment = "pe-fusion" if sweep == "arxiv_grid" else "student-attention"
+    _, parent, children = _sweep_runs("demo", experiment)
+    assert Path(parent.data.tags[R.TAG_SEARCH_SPACE]).resolve() == (REPO / "search_spaces" / demo_file).resolve()
+    assert sorted(int(c.data.params[R.SEED]) for c in children) == sorted(demo_seeds)
+    assert all(c.data.tags[R.TAG_STATUS] == R.STATUS_OK for c in children)
+
+
+def test_lr_batch_asha_default_random_search_samples_lr_batch_yaml(local_ray, in_tmp, cache_dir, capsys):
+    """`python sweeps/lr_batch_asha.py` with its defaults (random search, ASHA, search_spaces/lr_batch.yaml):
+    every trial's configuration comes from the file, and the printed epoch budget is what MLflow logged."""
+    asha = load_script("sweeps/lr_batch_asha.py")
+    n, max_t = 4, 3
+    code = asha.main(["--preset", "arxiv", "--synthetic", "--smoke", "--cache-dir", str(cache_dir),
+                      "--num-samples", str(n), "--max-t", str(max_t), "--name", "random", "--no-dashboard"])
+    assert code == 0
+    out = capsys.readouterr().out
+    space = _space_file("lr_batch.yaml")
+    lo, hi = map(float, space["lr"]["loguniform"])  # YAML 1.1 reads 1e-4 as a string
+    batch_sizes = space["batch_size"]["choice"]
+    client, parent, children = _sweep_runs("random")
+    assert Path(parent.data.tags[R.TAG_SEARCH_SPACE]).name == "lr_batch.yaml"
+    assert len(children) == n
+    lrs = [float(c.data.params["lr"]) for c in children]
+    assert all(lo <= lr <= hi for lr in lrs) and len(set(lrs)) == n  # sampled, one value per trial
+    assert {int(c.data.params["batch_size"]) for c in children} <= set(batch_sizes)
+    for key in (R.PE_TYPE, R.FUSION, R.SEED):  # the file's constants
+        assert {c.data.params[key] for c in children} == {str(space[key])}
+    epochs = {c.data.tags[R.TAG_TRIAL_ID]: _epochs_logged(client, c) for c in children}
+    for child in children:
+        logged = epochs[child.data.tags[R.TAG_TRIAL_ID]]
+        assert logged == list(range(1, len(logged) + 1)) and 1 <= len(logged) <= max_t
+        assert child.data.tags[R.TAG_STATUS] in (R.STATUS_OK, R.STATUS_STOPPED)
+        assert child.data.metrics[R.EPOCHS_RUN] == len(logged)
+        if child.data.tags[R.TAG_STATUS] == R.STATUS_OK:  # no in-trial early stopping here: the whole budget
+            assert len(logged) == max_t and R.TEST_ACC in child.data.metrics
+    trained = sum(len(e) for e in epochs.values())
+    n_stopped = sum(c.data.tags[R.TAG_STATUS] == R.STATUS_STOPPED for c in children)
+    assert (f"epochs trained: {trained} of {n * max_t} without early stopping ({100 * trained / (n * max_t):.1f}%); "
+            f"{n_stopped} trials stopped by ASHA, 0 failed") in out
+
+
+def test_lr_batch_asha_fifo_trains_every_trial_for_max_t_epochs(local_ray, in_tmp, smoke_preset, smoke_corpus,
+                                                                cache_dir, capsys):
+    """`--scheduler fifo`: every trial trains --max-t epochs and none is 'stopped'. The trials are set up so
+    that either early stopping would end one: a frozen learning rate keeps validation accuracy flat (the paper's
+    in-trial patience would stop it), and the first trial starts with higher accuracy than the second (ASHA would
+    stop the second at its first rung)."""
+    from pefusion.fusion.config import split_trial_config
+    from pefusion.fusion.training import Trainer
+
+    fixed = {"lr": 1e-12, "batch_size": 64, R.PE_TYPE: "sinusoidal", R.FUSION: "gate_scalar"}
+
+    def initial_val_acc(seed: int) -> float:
+        model_cfg, train_cfg = split_trial_config({**fixed, R.SEED: seed}, smoke_preset)
+        return Trainer(model_cfg, train_cfg, smoke_corpus).evaluate(smoke_corpus.validation)["acc"]
+
+    acc = {seed: initial_val_acc(seed) for seed in range(6)}
+    first, second = max(acc, key=acc.get), min(acc, key=acc.get)
+    space = in_tmp / "frozen.yaml"
+    space.write_text(yaml.safe_dump({**fixed, R.SEED: {"grid": [first, second]}}))
+    max_t = smoke_preset.train.patience + 2
+    asha = load_script("sweeps/lr_batch_asha.py")
+    code = asha.main(["--preset", "arxiv", "--synthetic", "--smoke", "--cache-dir", str(cache_dir),
+                      "--search-space", str(space), "--scheduler", "fifo", "--num-samples", "1", "--max-t", str(max_t),
+                      "--max-concurrent", "1", "--name", "fifo", "--no-dashboard"])
+    assert code == 0
+    out = capsys.readouterr().out
+    client, _, children = _sweep_runs("fifo")
+    by_seed = {int(c.data.params[R.SEED]): c for c in children}
+    assert set(by_seed) == {first, second}
+    # the setup: accuracy is flat, and the second trial is below the first at epoch 1
+    histories = {s: [m.value for m in client.get_metric_history(c.info.run_id, R.VAL_ACC)]
+                 for s, c in by_seed.items()}
+    assert histories[first][0] > histories[second][0]
+    assert all(len(set(h)) == 1 for h in histories.values())
+    for child in children:
+        assert child.data.tags[R.TAG_STATUS] == R.STATUS_OK
+        assert _epochs_logged(client, child) == list(range(1, max_t + 1))
+        assert child.data.metrics[R.EPOCHS_RUN] == max_t and R.TEST_ACC in child.data.metrics
+    rows = pd.read_csv(in_tmp / "results" / "fifo_results_by_seed.csv")
+    assert list(rows[R.STATUS]) == [R.STATUS_OK] * 2 and list(rows[R.EPOCHS_RUN]) == [max_t] * 2
+    assert (f"epochs trained: {2 * max_t} of {2 * max_t} without early stopping (100.0%); 0 trials stopped by "
+            f"ASHA, 0 failed") in out
+
+
+def test_optuna_sampler_seed_fixes_the_sampled_configurations(local_ray, in_tmp, cache_dir):
+    """`--search optuna --sampler-seed S`: the same S samples the same configurations, another S others."""
+    asha = load_script("sweeps/lr_batch_asha.py")
+
+    def sampled(name: str, seed: int) -> list[tuple[float, int]]:
+        code = asha.main(["--preset", "arxiv", "--synthetic", "--smoke", "--cache-dir", str(cache_dir),
+                          "--search", "optuna", "--sampler-seed", str(seed), "--num-samples", "3", "--max-t", "1",
+                          "--name", name, "--no-dashboard"])
+        assert code == 0
+        _, _, children = _sweep_runs(name)
+        assert len(children) == 3
+        return sorted((float(c.data.params["lr"]), int(c.data.params["batch_size"])) for c in children)
+
+    first, again, other = sampled("seed7", 7), sampled("seed7-again", 7), sampled("seed8", 8)
+    assert first == again
+    assert {lr for lr, _ in other}.isdisjoint({lr for lr, _ in first})

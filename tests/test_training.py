@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -182,3 +183,36 @@ def test_demo_corpus_needs_position_information(demo_corpus, pe_type, low, high)
     train = dataclasses.replace(demo.train, timing_repeats=1, timing_warmup=0)
     record = train_and_evaluate(model, train, demo_corpus, length_edges=demo.data.length_edges)
     assert low <= record[R.BEST_VAL_ACC] <= high
+
+
+def _ms_per_sample_direct(model: torch.nn.Module, batches: list, n: int, warmup: int = 2, repeats: int = 10) -> float:
+    """An independent timing: the median over passes of one forward pass over `batches`, per sample, in ms."""
+    model.eval()
+    times = []
+    with torch.no_grad():
+        for rep in range(warmup + repeats):
+            start = time.perf_counter()
+            for batch in batches:
+                model(batch.tokens)
+            if rep >= warmup:
+                times.append((time.perf_counter() - start) * 1000.0 / n)
+    return float(np.median(times))
+
+
+def test_latency_is_milliseconds_per_test_sample(smoke_preset, smoke_corpus):
+    """lat_ms_mean against a direct timing of the same model over the same test batches, taken just before and
+    just after: within a factor of 4 (what a loaded 2-core machine moves it by), whereas latency per batch (x50
+    here), per pass (x100), summed over the 10 repeats (x10) or in seconds (/1000) is far outside."""
+    from pefusion.data.batching import iter_batches
+
+    model, train = _cfgs(smoke_preset, max_epochs=1, timing_repeats=10, timing_warmup=2)
+    test = smoke_corpus.test
+    batches = list(iter_batches(test, train.batch_size, shuffle=False))
+    assert len(test) / len(batches) >= 40  # so that a per-batch latency could not pass
+    trainer = Trainer(model, train, smoke_corpus)
+    trainer.train_epoch()
+    before = _ms_per_sample_direct(trainer.model, batches, len(test))
+    record = trainer.final_record(smoke_preset.data.length_edges)
+    after = _ms_per_sample_direct(trainer.model, batches, len(test))
+    latency = record[R.LAT_MS_MEAN]
+    assert min(before, after) / 4 < latency < max(before, after) * 4, (latency, before, after)
