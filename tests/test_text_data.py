@@ -249,6 +249,14 @@ def test_csv_that_pandas_cannot_parse(tmp_path):
                                                    "EOF inside string starting at row 1)")
 
 
+def test_csv_first_row_wider_than_the_header(tmp_path):
+    """pandas would silently take the surplus leading fields as an index: text and label from the wrong fields."""
+    data = make_dir(tmp_path / "data", ".csv")
+    (data / "train.csv").write_text("text,label\nthe cat, sat,pos\nthe dog,neg\n")
+    assert_one_line_error(cfg_for(tmp_path, data), "train.csv", "the first row has more fields than the header line",
+                          "quote texts that contain commas")
+
+
 def jsonl_bytes(rows) -> bytes:
     return b"".join(json.dumps({"text": t, "label": y}).encode() + b"\n" for t, y in rows)
 

@@ -241,6 +241,9 @@ def _read_table(path: Path, fmt: str, text_col: str, label_col: str) -> tuple[li
             with open_text(path) as f:
                 # keep_default_na=False: a text "NA" or "null" is a word, not a missing value.
                 frame = pd.read_csv(f, dtype={text_col: str}, keep_default_na=False)
+            if not isinstance(frame.index, pd.RangeIndex):  # pandas took the surplus leading fields as an index
+                raise DataError(f"{path}: the first row has more fields than the header line "
+                                f"({', '.join(frame.columns)}); quote texts that contain commas")
         else:
             _check_head(path)
             columns = pq.read_schema(path).names
