@@ -478,6 +478,18 @@ def test_real_load_dataset_on_a_local_dataset_directory(tmp_path, monkeypatch):
     assert corpus.label_names == ("neg", "pos")
 
 
+def test_hub_dataset_with_text_that_is_not_utf8_is_one_line(tmp_path, monkeypatch):
+    """The datasets JSON builder does not check UTF-8: a bad string fails only when read, and is named then."""
+    import datasets
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
+    local = dir_with_train(tmp_path / "hubdir", "train.jsonl", LATIN1)
+    assert_one_line_error(DataConfig(dataset=str(local), dataset_config=None, cache_dir=str(tmp_path / "c")),
+                          f"dataset {str(local)!r} split 'train': record 3 has a 'text' that is not valid UTF-8 "
+                          f"(...b'caf\\xe9 au lait'...)")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Batching and length buckets
 # ---------------------------------------------------------------------------------------------------------

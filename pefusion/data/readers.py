@@ -384,11 +384,29 @@ def _read_hub(cfg: DataConfig) -> tuple[dict[str, RawSplit], tuple[str, ...] | N
                 raise DataError(f"{where} split {split!r} has no column {col!r} "
                                 f"(columns: {', '.join(part.column_names)}); set text_column/label_column")
         table = part.with_format("arrow")[:]  # an arrow table (with any held-out split applied): no row access
-        raw[split] = _clean(table.column(cfg.text_column).to_pylist(), table.column(cfg.label_column).to_pylist(),
-                            f"{where} split {names[split] or 'train'!r}")
+        origin = f"{where} split {names[split] or 'train'!r}"
+        texts, labels = (_arrow_values(table.column(c), origin, c) for c in (cfg.text_column, cfg.label_column))
+        raw[split] = _clean(texts, labels, origin)
     feature = parts["train"].features[cfg.label_column]
     label_names = tuple(feature.names) if isinstance(feature, datasets.ClassLabel) else None
     return raw, label_names
+
+
+def _arrow_values(column: Any, origin: str, name: str) -> list:
+    """An Arrow column as Python values. A dataset built from local files that are not UTF-8 (the JSON builder
+    does not check) holds invalid strings, which fail only here: one line naming the row, not a traceback."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        for row, value in enumerate(column):  # the error path only: find the first bad value
+            data = value.as_buffer().to_pybytes() if value.is_valid else b""
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                near = data[max(0, e.start - 20):e.start + 20]
+                raise DataError(f"{origin}: record {row + 1} has a {name!r} that is not valid UTF-8 "
+                                f"(...{near!r}...); re-save the dataset's data files as UTF-8") from None
+        raise
 
 
 def read_source(cfg: DataConfig) -> tuple[dict[str, RawSplit], tuple[str, ...] | None]:
