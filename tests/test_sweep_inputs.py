@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, load_script
+from conftest import REPO, load_script, write_synthetic_corpus
 from pefusion.errors import ConfigError
 
 
@@ -54,6 +54,25 @@ def test_exit_code_2_and_one_line_from_the_command_line(tmp_path):
                           timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error: ")
+    assert "Ray dashboard" not in proc.stdout
+
+
+def test_data_file_not_utf8_is_one_line_with_its_byte_offset(tmp_path):
+    """Issue 10's bad file through the real command: a Latin-1 byte in a --data-dir JSONL file."""
+    train = write_synthetic_corpus(tmp_path / "data", n_train=20, n_val=5, n_test=5)["train"]
+    good = train.read_bytes()
+    first = good.index(b"\n") + 1
+    data = good[:first] + b'{"text": "caf\xe9 au lait", "label": 0}\n' + good[first:]
+    train.write_bytes(data)
+    offset = data.index(b"\xe9")  # 1 line of good JSON, then `{"text": "caf` and the bad byte
+    proc = subprocess.run([sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), "--data-dir", str(tmp_path / "data"),
+                           "--cache-dir", str(tmp_path / "cache"), "--no-dashboard",
+                           "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.endswith("\n"), proc.stderr  # exactly one line
+    assert proc.stderr.startswith(f"error: {train}: not valid UTF-8: byte 0xe9 at byte offset {offset} (line 2); "
+                                  f"re-save the file as UTF-8"), proc.stderr
     assert "Ray dashboard" not in proc.stdout
 
 

@@ -1,9 +1,14 @@
 """Text data pipeline: sources, train-only vocabulary, token-id cache, length-bucketed batching, length buckets."""
 from __future__ import annotations
 
+import bz2
 import collections
+import gzip
+import io
 import json
+import lzma
 import random
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -237,6 +242,135 @@ def test_malformed_files(tmp_path):
     assert_one_line_error(cfg_for(tmp_path, data), "test.parquet", "cannot read as PARQUET")
 
 
+def test_csv_that_pandas_cannot_parse(tmp_path):
+    data = make_dir(tmp_path / "data", ".csv")
+    (data / "train.csv").write_text('text,label\n"never closed,pos\nthe dog,neg\n')
+    assert_one_line_error(cfg_for(tmp_path, data), "train.csv: cannot read as CSV (Error tokenizing data. C error: "
+                                                   "EOF inside string starting at row 1)")
+
+
+def test_csv_first_row_wider_than_the_header(tmp_path):
+    """pandas would silently take the surplus leading fields as an index: text and label from the wrong fields."""
+    data = make_dir(tmp_path / "data", ".csv")
+    (data / "train.csv").write_text("text,label\nthe cat, sat,pos\nthe dog,neg\n")
+    assert_one_line_error(cfg_for(tmp_path, data), "train.csv", "the first row has more fields than the header line",
+                          "quote texts that contain commas")
+
+
+def jsonl_bytes(rows) -> bytes:
+    return b"".join(json.dumps({"text": t, "label": y}).encode() + b"\n" for t, y in rows)
+
+
+def dir_with_train(root: Path, name: str, data: bytes) -> Path:
+    """A data directory whose train file is `name`, holding `data`; validation and test are good JSONL files."""
+    make_dir(root, splits={"validation": VALIDATION, "test": TEST})
+    (root / name).write_bytes(data)
+    return root
+
+
+LATIN1 = jsonl_bytes(TRAIN[:2]) + b'{"text": "caf\xe9 au lait", "label": "pos"}\n' + jsonl_bytes(TRAIN[2:])
+# A 2-byte character across the 1 MiB boundary of the offset scanner's reads, then a Latin-1 byte.
+ACROSS_READS = b'{"text": "' + b"a" * ((1 << 20) - 11) + "\u00e9 x".encode() + b'", "label": "pos"}\n' + LATIN1
+
+
+@pytest.mark.parametrize("name,data,compress", [
+    ("train.jsonl", LATIN1, None),
+    ("train.csv", b"text,label\r\nthe cat,pos\r\ncaf\xe9,neg\r\n", None),
+    ("train.jsonl.gz", LATIN1, gzip.compress),
+    ("train.jsonl", ACROSS_READS, None),
+], ids=["jsonl", "csv", "gzip", "char-across-reads"])
+def test_file_not_utf8_names_the_byte_offset_of_the_first_bad_byte(tmp_path, name, data, compress):
+    assert ACROSS_READS.index("\u00e9".encode()) == (1 << 20) - 1
+    offset = data.index(b"\xe9")
+    line = data[:offset].count(b"\n") + 1
+    data_dir = dir_with_train(tmp_path / "data", name, compress(data) if compress else data)
+    where = " of the decompressed data" if compress else ""
+    assert_one_line_error(cfg_for(tmp_path, data_dir), f"{data_dir / name}: not valid UTF-8: byte 0xe9 at byte "
+                          f"offset {offset}{where} (line {line}); re-save the file as UTF-8")
+
+
+@pytest.mark.parametrize("ext", [".jsonl", ".csv"])
+def test_byte_order_mark_and_crlf_line_ends_are_read_cleanly(tmp_path, ext):
+    data = make_dir(tmp_path / "data", ext)
+    for path in data.iterdir():
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))
+    extra = []
+    if ext == ".csv":  # a quoted text with a line break of its own
+        with open(data / "train.csv", "ab") as f:
+            f.write(b'"two\r\nlines",neg\r\n')
+        extra = [("two\nlines", "neg")]
+    raw, _ = readers.read_source(cfg_for(tmp_path, data))
+    # The BOM did not stick to the first column's name, nor CR to any text or label.
+    assert list(zip(raw["train"].texts, raw["train"].labels)) == [r for r in TRAIN if r[0].strip()] + extra
+    assert not any("\r" in str(v) for r in raw.values() for v in r.texts + r.labels)
+
+
+def zipped(data: bytes) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("train.jsonl", data)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name,data,fix", [
+    ("train.jsonl", gzip.compress(jsonl_bytes(TRAIN)), "the data is gzip-compressed but the name says uncompressed; "
+                                                       "rename it to train.jsonl.gz"),
+    ("train.csv", bz2.compress(b"text,label\nthe cat,pos\n"), "the data is bz2-compressed but the name says "
+                                                              "uncompressed; rename it to train.csv.bz2"),
+    ("train.jsonl", lzma.compress(jsonl_bytes(TRAIN)), "the data is xz-compressed but the name says uncompressed; "
+                                                       "rename it to train.jsonl.xz"),
+    ("train.jsonl", b"\x28\xb5\x2f\xfd" + bytes(12), "the data is zstd-compressed but the name says uncompressed; "
+                                                     "decompress it: zstd -dc train.jsonl > train.jsonl.tmp && "
+                                                     "mv train.jsonl.tmp train.jsonl"),
+    ("train.jsonl", zipped(jsonl_bytes(TRAIN)), "the file is a zip archive; unzip it and keep its files in"),
+    ("train.parquet", gzip.compress(b"PAR1"), "the data is gzip-compressed but the name says uncompressed; "
+                                              "decompress it: gzip -dc train.parquet > train.parquet.tmp"),
+    ("train.jsonl.gz", jsonl_bytes(TRAIN), "the name says gzip-compressed but the data is not compressed; "
+                                           "rename it to train.jsonl"),
+    ("train.jsonl.gz", bz2.compress(jsonl_bytes(TRAIN)), "the data is bz2-compressed but the name says gzip; "
+                                                         "rename it to train.jsonl.bz2"),
+    ("train.jsonl.gz", gzip.compress(jsonl_bytes(TRAIN) * 50)[:-20], "cannot decompress the gzip data (Compressed "
+                                                                      "file ended before the end-of-stream marker"),
+    ("train.jsonl", "\ufeff".encode("utf-16-le") + jsonl_bytes(TRAIN).decode().encode("utf-16-le"),
+     "the file is UTF-16 text; re-save it as UTF-8 (iconv -f UTF-16 -t UTF-8)"),
+], ids=["gzip", "bz2", "xz", "zstd", "zip", "parquet-gzip", "gz-name-plain-data", "gz-name-bz2-data", "truncated-gz",
+        "utf16"])
+def test_compressed_or_utf16_data_the_name_does_not_announce(tmp_path, name, data, fix):
+    data_dir = dir_with_train(tmp_path / "data", name, data)
+    assert_one_line_error(cfg_for(tmp_path, data_dir), f"{data_dir / name}: {fix}")
+
+
+def test_compressed_files_load_like_plain_ones(tmp_path):
+    plain = load_corpus(cfg_for(tmp_path, make_dir(tmp_path / "plain")))
+    packed = tmp_path / "packed"
+    make_dir(packed, splits={"test": TEST})
+    (packed / "train-00000-of-00002.jsonl.gz").write_bytes(gzip.compress(jsonl_bytes(TRAIN[:2])))
+    (packed / "train-00001-of-00002.jsonl.gz").write_bytes(gzip.compress(jsonl_bytes(TRAIN[2:])))
+    (packed / "validation.csv.bz2").write_bytes(bz2.compress(pd.DataFrame(VALIDATION, columns=["text", "label"])
+                                                             .to_csv(index=False).encode()))
+    records = [{"text": t, "label": y} for t, y in TEST]
+    (packed / "test.json.xz").write_bytes(lzma.compress(json.dumps(records).encode()))
+    (packed / "test.jsonl").unlink()
+    corpus = load_corpus(cfg_for(tmp_path, packed))
+    for split in readers.SPLITS:
+        assert docs(corpus.split(split)) == docs(plain.split(split))
+        assert corpus.split(split).labels.tolist() == plain.split(split).labels.tolist()
+
+
+@pytest.mark.parametrize("name,data,message", [
+    ("train.jsonl", b"", "the file is empty (0 bytes)"),
+    ("train.csv", b"", "the file is empty (0 bytes)"),
+    ("train.parquet", b"", "the file is empty (0 bytes)"),
+    ("train.jsonl", b"\n  \r\n\n", "the file has only blank lines; it needs a JSON record per line"),
+    ("train.csv", b"\xef\xbb\xbf\n\n", "the file has only blank lines; it needs a header line and rows"),
+    ("train.jsonl.gz", gzip.compress(b""), "the file has only blank lines"),
+    ("train.csv", b"text,label\r\n", "the file has a header line but no rows"),
+], ids=["jsonl", "csv", "parquet", "jsonl-blank", "csv-blank", "gzip-of-nothing", "csv-header-only"])
+def test_empty_blank_and_header_only_files(tmp_path, name, data, message):
+    data_dir = dir_with_train(tmp_path / "data", name, data)
+    assert_one_line_error(cfg_for(tmp_path, data_dir), f"{data_dir / name}: {message}")
+
+
 def test_missing_label_value_is_an_error(tmp_path):
     data = make_dir(tmp_path / "data", ".csv")
     (data / "train.csv").write_text("text,label\nthe cat,pos\nthe dog,\n")
@@ -342,6 +476,18 @@ def test_real_load_dataset_on_a_local_dataset_directory(tmp_path, monkeypatch):
     for split in readers.SPLITS:
         assert docs(corpus.split(split)) == docs(direct.split(split))
     assert corpus.label_names == ("neg", "pos")
+
+
+def test_hub_dataset_with_text_that_is_not_utf8_is_one_line(tmp_path, monkeypatch):
+    """The datasets JSON builder does not check UTF-8: a bad string fails only when read, and is named then."""
+    import datasets
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
+    local = dir_with_train(tmp_path / "hubdir", "train.jsonl", LATIN1)
+    assert_one_line_error(DataConfig(dataset=str(local), dataset_config=None, cache_dir=str(tmp_path / "c")),
+                          f"dataset {str(local)!r} split 'train': record 3 has a 'text' that is not valid UTF-8 "
+                          f"(...b'caf\\xe9 au lait'...)")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -56,7 +56,8 @@ def csv_list(kind: Callable = str) -> Callable[[str], list]:
 
 def add_data_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("data (default: the preset's)")
-    g.add_argument("--data-dir", help="local folder with train/validation/test files (JSONL, CSV or Parquet), "
+    g.add_argument("--data-dir", help="local folder with train/validation/test files (JSONL, CSV or Parquet; "
+                                      "JSONL and CSV also as .gz, .bz2 or .xz), "
                                       "e.g. the paper's data/{train,validation,test}_clean.jsonl")
     g.add_argument("--dataset", help="Hugging Face dataset name (default: the preset's, ccdv/arxiv-classification)")
     g.add_argument("--dataset-config", help="Hugging Face dataset config (ArXiv: no_ref)")

@@ -1,25 +1,34 @@
 """Sources to raw splits: the documents and labels of each split, and the labels as class ids.
 
 Sources, in the order `DataConfig` picks them: the bundled synthetic corpus, a local directory of
-train/validation/test JSONL/CSV/Parquet files, or a Hugging Face hub dataset (`datasets.load_dataset`; the hub is
-probed first, so that a machine without internet reads the local Hugging Face cache at once instead of waiting
-out the client's retries). Each gives texts and labels per split, documents without text dropped (`RawSplit`);
-`map_labels` turns the labels into class ids. This is the code that meets what the user supplied, so it raises
-nearly every `DataError` (a data problem the user can fix, in one line), and that error is defined here.
+train/validation/test JSONL/CSV/Parquet files (JSONL and CSV also gzip/bz2/xz-compressed), or a Hugging Face
+hub dataset (`datasets.load_dataset`; the hub is probed first, so that a machine without internet reads the local
+Hugging Face cache at once instead of waiting out the client's retries). Each gives texts and labels per split,
+documents without text dropped (`RawSplit`); `map_labels` turns the labels into class ids. This is the code that
+meets what the user supplied, so it raises nearly every `DataError` (a data problem the user can fix, in one line),
+and that error is defined here. Local files are vetted before any parser sees them (`open_text`, `_check_head`):
+an empty file, a compressed file under a plain name, UTF-16, or bytes that are not UTF-8 are named as such (the
+last with the byte offset), not left to surface as a UnicodeDecodeError traceback from inside json or pandas.
 """
 from __future__ import annotations
 
+import bz2
+import codecs
 import contextlib
+import gzip
+import io
 import json
 import logging
+import lzma
 import math
 import os
 import re
 import socket
 import urllib.parse
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence, TextIO
 
 import numpy as np
 
@@ -32,6 +41,17 @@ SPLITS = ("train", "validation", "test")
 # File-name prefixes (local directories) and split names (hub datasets) accepted for each split.
 SPLIT_ALIASES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
 FILE_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+# Compressions a text file (JSONL, CSV) may carry, and the name suffix that says so; each has a reader in the
+# standard library.
+COMPRESSIONS = {"gzip": ".gz", "bz2": ".bz2", "xz": ".xz"}
+OPENERS = {None: open, "gzip": gzip.open, "bz2": bz2.open, "xz": lzma.open}
+# What the first bytes of a file say it is. A compressed or UTF-16 file read as UTF-8 fails on some early byte;
+# naming what the file is says what to do about it.
+MAGIC_BYTES = {
+    "gzip": rb"\x1f\x8b", "bz2": rb"BZh[1-9](1AY&SY|\x17rE8P\x90)", "xz": rb"\xfd7zXZ\x00",
+    "zstd": rb"\x28\xb5\x2f\xfd", "zip": rb"PK(\x03\x04|\x05\x06)",
+    "UTF-32": rb"\xff\xfe\x00\x00|\x00\x00\xfe\xff", "UTF-16": rb"\xff\xfe|\xfe\xff",  # UTF-32 first: same start
+}
 # A hub dataset without a validation split (ag_news, imdb) gets this fraction of train, drawn with a fixed seed.
 HUB_VALIDATION_FRACTION = 0.1
 HUB_PROBE_TIMEOUT_S = 3.0
@@ -73,6 +93,116 @@ def _clean(texts: Sequence[Any], labels: Sequence[Any], origin: str) -> RawSplit
     return RawSplit(keep_t, keep_l, origin, dropped_empty=len(texts) - len(keep_t))
 
 
+@dataclass(frozen=True)
+class DataFileName:
+    """A data file's name taken apart: test-00000-of-00002.csv.gz -> stem "test-00000-of-00002", ext ".csv"
+    (as written), fmt "csv", compression "gzip"."""
+    stem: str
+    ext: str
+    fmt: str
+    compression: str | None
+
+
+def data_file_name(path: Path) -> DataFileName | None:
+    """The parts of a data file's name, or None for a name the readers do not read."""
+    name, compression = path.name, None
+    for kind, suffix in COMPRESSIONS.items():
+        if name.lower().endswith(suffix):
+            name, compression = name[:-len(suffix)], kind
+            break
+    stem, ext = os.path.splitext(name)
+    fmt = FILE_FORMATS.get(ext.lower())
+    if fmt is None or (fmt == "parquet" and compression):  # Parquet compresses inside the file
+        return None
+    return DataFileName(stem, ext, fmt, compression)
+
+
+def _check_head(path: Path) -> DataFileName:
+    """Raise DataError when the file is empty or its first bytes contradict its name: compressed data under a
+    plain name (or plain data under a compressed one), a zip archive, UTF-16/32 text. Returns the name's parts."""
+    name = data_file_name(path)
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if not head:
+        raise DataError(f"{path}: the file is empty (0 bytes); write or copy it again")
+    found = next((kind for kind, magic in MAGIC_BYTES.items() if re.match(magic, head)), None)
+    if found in ("UTF-16", "UTF-32"):
+        if name.fmt == "parquet":  # not Parquet at all: pyarrow says so, naming the file
+            return name
+        raise DataError(f"{path}: the file is {found} text; re-save it as UTF-8 (iconv -f {found} -t UTF-8)")
+    if found == name.compression:
+        return name
+    plain = name.stem + name.ext
+    if found is None:
+        raise DataError(f"{path}: the name says {name.compression}-compressed but the data is not compressed; "
+                        f"rename it to {plain}")
+    if found == "zip":
+        raise DataError(f"{path}: the file is a zip archive; unzip it and keep its files in {path.parent}")
+    if found in COMPRESSIONS and name.fmt != "parquet":
+        fix = f"rename it to {plain}{COMPRESSIONS[found]}"
+    else:  # zstd (no reader in the standard library), or a compressed Parquet file
+        tool = {"bz2": "bzip2"}.get(found, found)
+        fix = f"decompress it: {tool} -dc {path.name} > {plain}.tmp && mv {plain}.tmp {plain}"
+    raise DataError(f"{path}: the data is {found}-compressed but the name says "
+                    f"{name.compression or 'uncompressed'}; {fix}")
+
+
+def _not_utf8(path: Path, compression: str | None) -> str | None:
+    """The one-line message for a data file that is not UTF-8: its first bad byte, that byte's offset from the
+    start of the file (the decoder's own error counts from the start of its buffer) and line; None when the file
+    decodes cleanly after all. A second pass over the bytes, so reading a good file costs nothing extra."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, line = 0, 1
+    with OPENERS[compression](path, "rb") as f:
+        while True:
+            data = f.read(1 << 20)
+            pending = decoder.getstate()[0]  # the start of a character split across two reads
+            try:
+                decoder.decode(data, final=not data)
+            except UnicodeDecodeError as e:
+                seen = pending + data
+                at, line = offset - len(pending) + e.start, line + seen.count(b"\n", 0, e.start)
+                where = " of the decompressed data" if compression else ""
+                return (f"{path}: not valid UTF-8: byte 0x{seen[e.start]:02x} at byte offset {at}{where} (line "
+                        f"{line}); re-save the file as UTF-8 (from Latin-1/Windows-1252: iconv -f CP1252 -t UTF-8)")
+            if not data:
+                return None
+            offset, line = offset + len(data), line + data.count(b"\n")
+
+
+@contextlib.contextmanager
+def open_text(path: Path) -> Iterator[TextIO]:
+    """A JSONL/CSV data file as text, for every text reader: decompressed when its name says so, a UTF-8 byte
+    order mark skipped, CRLF (and CR) line ends read as "\\n". Raises DataError, in one line, for an empty file, a
+    file of blank lines, bytes that contradict the name (`_check_head`), bytes that are not UTF-8 (by byte
+    offset), and truncated or corrupt compressed data; also when these surface inside the reader (pandas)."""
+    name = _check_head(path)
+    with io.TextIOWrapper(OPENERS[name.compression](path, "rb"), encoding="utf-8-sig", newline=None) as text:
+        try:
+            if not _first_char(text):
+                raise DataError(f"{path}: the file has only blank lines; it needs a "
+                                f"{'header line and rows' if name.fmt == 'csv' else 'JSON record per line'}")
+            yield text
+        except UnicodeDecodeError:
+            message = _not_utf8(path, name.compression)
+            if message is None:
+                raise
+            raise DataError(message) from None
+        except (EOFError, OSError, lzma.LZMAError, zlib.error) as e:
+            if name.compression is None:  # an I/O error on a plain file is no data problem
+                raise
+            raise DataError(f"{path}: cannot decompress the {name.compression} data ({e}); the file is truncated "
+                            f"or corrupt, copy or download it again") from None
+
+
+def _first_char(text: TextIO) -> str:
+    """The first non-whitespace character of `text` ("" for none), the stream rewound to its start."""
+    while (chunk := text.read(1 << 16)) and not chunk.strip():
+        pass
+    text.seek(0)
+    return chunk.lstrip()[:1]
+
+
 def _json_line(path: Path, n: int, line: str) -> Any:
     try:
         return json.loads(line)
@@ -83,10 +213,8 @@ def _json_line(path: Path, n: int, line: str) -> Any:
 def _read_jsonl(path: Path, text_col: str, label_col: str) -> tuple[list, list]:
     """JSON lines; a .json file holding one array of records is read too."""
     texts, labels = [], []
-    with open(path, encoding="utf-8-sig") as f:
-        head = f.read(64).lstrip()[:1]
-        f.seek(0)
-        if head == "[":
+    with open_text(path) as f:
+        if _first_char(f) == "[":
             try:
                 rows = enumerate(json.load(f), start=1)
             except json.JSONDecodeError as e:
@@ -110,9 +238,14 @@ def _read_table(path: Path, fmt: str, text_col: str, label_col: str) -> tuple[li
 
     try:
         if fmt == "csv":
-            # keep_default_na=False: a text "NA" or "null" is a word, not a missing value.
-            frame = pd.read_csv(path, dtype={text_col: str}, keep_default_na=False)
+            with open_text(path) as f:
+                # keep_default_na=False: a text "NA" or "null" is a word, not a missing value.
+                frame = pd.read_csv(f, dtype={text_col: str}, keep_default_na=False)
+            if not isinstance(frame.index, pd.RangeIndex):  # pandas took the surplus leading fields as an index
+                raise DataError(f"{path}: the first row has more fields than the header line "
+                                f"({', '.join(frame.columns)}); quote texts that contain commas")
         else:
+            _check_head(path)
             columns = pq.read_schema(path).names
             missing = [c for c in (text_col, label_col) if c not in columns]
             if missing:
@@ -126,23 +259,26 @@ def _read_table(path: Path, fmt: str, text_col: str, label_col: str) -> tuple[li
     for col in (text_col, label_col):
         if col not in frame.columns:
             raise DataError(f"{path}: no column {col!r} (columns: {', '.join(map(str, frame.columns))})")
+    if fmt == "csv" and frame.empty:
+        raise DataError(f"{path}: the file has a header line but no rows")
     return frame[text_col].tolist(), frame[label_col].tolist()
 
 
 def find_split_files(data_dir: Path) -> dict[str, list[Path]]:
     """The file(s) of each split in `data_dir`, found by name prefix: train.jsonl, train_clean.jsonl,
-    validation.csv, val.parquet, test-00000-of-00002.parquet (shards are concatenated in name order)."""
+    validation.csv, val.parquet, test.jsonl.gz, test-00000-of-00002.parquet (shards are concatenated in name
+    order)."""
     if not data_dir.is_dir():
         raise DataError(f"data directory {str(data_dir)!r} does not exist; {SUPPLY_HINT}")
+    named = {p: data_file_name(p) for p in data_dir.iterdir() if p.is_file()}
     found: dict[str, list[Path]] = {}
     for split, aliases in SPLIT_ALIASES.items():
         pattern = re.compile(rf"^({'|'.join(aliases)})([._-].*)?$", re.IGNORECASE)
-        files = sorted(p for p in data_dir.iterdir()
-                       if p.is_file() and p.suffix.lower() in FILE_FORMATS and pattern.match(p.stem))
+        files = sorted(p for p, name in named.items() if name and pattern.match(name.stem))
         if not files:
             raise DataError(f"no {split} file in {data_dir} (expected e.g. {split}.jsonl, {split}_clean.jsonl, "
-                            f"{split}.csv or {split}.parquet)")
-        shards = all(re.search(r"-\d+-of-\d+$", p.stem) for p in files)
+                            f"{split}.csv, {split}.parquet or {split}.jsonl.gz)")
+        shards = all(re.search(r"-\d+-of-\d+$", named[p].stem) for p in files)
         if len(files) > 1 and not shards:
             raise DataError(f"several {split} files in {data_dir}: {', '.join(p.name for p in files)}; "
                             f"keep only one")
@@ -155,7 +291,7 @@ def _read_local(cfg: DataConfig, files: dict[str, list[Path]]) -> dict[str, RawS
     for split, paths in files.items():
         texts, labels = [], []
         for path in paths:
-            fmt = FILE_FORMATS[path.suffix.lower()]
+            fmt = data_file_name(path).fmt
             if fmt == "jsonl":
                 t, y = _read_jsonl(path, cfg.text_column, cfg.label_column)
             else:
@@ -248,11 +384,29 @@ def _read_hub(cfg: DataConfig) -> tuple[dict[str, RawSplit], tuple[str, ...] | N
                 raise DataError(f"{where} split {split!r} has no column {col!r} "
                                 f"(columns: {', '.join(part.column_names)}); set text_column/label_column")
         table = part.with_format("arrow")[:]  # an arrow table (with any held-out split applied): no row access
-        raw[split] = _clean(table.column(cfg.text_column).to_pylist(), table.column(cfg.label_column).to_pylist(),
-                            f"{where} split {names[split] or 'train'!r}")
+        origin = f"{where} split {names[split] or 'train'!r}"
+        texts, labels = (_arrow_values(table.column(c), origin, c) for c in (cfg.text_column, cfg.label_column))
+        raw[split] = _clean(texts, labels, origin)
     feature = parts["train"].features[cfg.label_column]
     label_names = tuple(feature.names) if isinstance(feature, datasets.ClassLabel) else None
     return raw, label_names
+
+
+def _arrow_values(column: Any, origin: str, name: str) -> list:
+    """An Arrow column as Python values. A dataset built from local files that are not UTF-8 (the JSON builder
+    does not check) holds invalid strings, which fail only here: one line naming the row, not a traceback."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        for row, value in enumerate(column):  # the error path only: find the first bad value
+            data = value.as_buffer().to_pybytes() if value.is_valid else b""
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                near = data[max(0, e.start - 20):e.start + 20]
+                raise DataError(f"{origin}: record {row + 1} has a {name!r} that is not valid UTF-8 "
+                                f"(...{near!r}...); re-save the dataset's data files as UTF-8") from None
+        raise
 
 
 def read_source(cfg: DataConfig) -> tuple[dict[str, RawSplit], tuple[str, ...] | None]:
