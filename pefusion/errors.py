@@ -17,6 +17,11 @@ class ConfigError(ValueError):
     """A user-caused configuration problem. Its message is one line that names the key and the fix."""
 
 
+class SweepInterrupted(Exception):
+    """A sweep stopped by Ctrl-C or SIGTERM after saving its state. Its message is the one line a command prints
+    (what finished, what did not, the exact --resume command); command lines exit with 130."""
+
+
 def check_choice(key: str, value: Any, allowed: Iterable) -> None:
     """A ConfigError naming the allowed values unless `value` is one of them."""
     if value not in allowed:

@@ -43,10 +43,16 @@ LENGTH_COUNT_PREFIX = "test_n_len_"  # documents per length bucket, so empty buc
 STATUS = "status"  # a key of the final record and an MLflow tag
 STATUS_OK = "ok"
 STATUS_DIVERGED = "diverged"  # non-finite loss: stopped, recorded, never dropped
-STATUS_ERROR = "error"  # the trial raised
-STATUS_STOPPED = "stopped"  # stopped early by the scheduler (ASHA): complete, but no test metrics
+STATUS_ERROR = "error"  # the trial's own code raised: recorded once, never retried
+STATUS_STOPPED = "stopped"  # stopped early by the scheduler (ASHA), and only then: complete, no test metrics
 SUCCESS_STATUSES = (STATUS_OK, STATUS_STOPPED)  # MLflow FINISHED; the others are FAILED
+FINAL_STATUSES = (*SUCCESS_STATUSES, STATUS_DIVERGED, STATUS_ERROR)
+# An unfinished sweep's trials (CSV rows of an interrupted sweep; MLflow KILLED), continued by --resume:
+STATUS_INTERRUPTED = "interrupted"  # started, then the sweep was interrupted: resumes from its last checkpoint
+STATUS_PENDING = "pending"  # not started yet
+STATUS_RUNNING = "running"  # the MLflow status tag of a trial's run while it trains (again, after a resume)
 ERROR = "error"  # the reason, in the record, the CSV and the MLflow tag
+NODE = "node_id"  # the Ray node that ran the trial (reported by the trainable; a CSV column and an MLflow tag)
 
 # --- MLflow tags ----------------------------------------------------------------------------------------------
 TAG_PARENT = "mlflow.parentRunId"
@@ -60,6 +66,7 @@ TAG_SEARCH_SPACE = "pefusion.search_space"
 TAG_RAY_ADDRESS = "pefusion.ray_address"
 TAG_STORAGE = "pefusion.storage_path"
 TAG_ROLE = "pefusion.role"  # "sweep" on parent runs, "trial" on child runs
+TAG_NODE = "pefusion.node"  # on child runs: the Ray node id that ran the trial (the last one, after a retry)
 
 # --- MLflow artifact paths ------------------------------------------------------------------------------------
 ARTIFACT_CHECKPOINT_DIR = "checkpoint"  # model.pt (state_dict) + model_config.json

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from pefusion import record as R
 from pefusion.sweep.tracking import SweepRecorder
-from pefusion.sweep.tuner import MlflowTrialCallback
+from pefusion.sweep.tuner import LiveSweep
 
 FINAL = {R.STATUS: R.STATUS_OK, R.TEST_ACC: 0.75, R.EPOCHS_RUN: 2}
 
@@ -24,7 +24,7 @@ def recorder(tmp_path) -> SweepRecorder:
 def _trial(trial_id: str, status: str = "TERMINATED", result: dict | None = None) -> SimpleNamespace:
     """The attributes of a Tune Trial that the callback reads."""
     return SimpleNamespace(trial_id=trial_id, status=status, config={R.SEED: 0}, checkpoint=None, error_file=None,
-                           last_result={R.EPOCH: 2, **(FINAL if result is None else result)},
+                           last_result={R.EPOCH: 2, **(FINAL if result is None else result)}, metric_analysis={},
                            get_error=lambda: "Traceback (most recent call last):\nRuntimeError: boom")
 
 
@@ -35,9 +35,21 @@ def _started(recorder: SweepRecorder, trial_id: str) -> str:
     return run_id
 
 
-def _restarted(recorder: SweepRecorder) -> MlflowTrialCallback:
-    """The callback as Tune restores it in a new driver (unpickled: no in-memory run state)."""
-    return MlflowTrialCallback(pickle.loads(pickle.dumps(recorder)), {}, lambda config: "")
+class _Restarted(LiveSweep):
+    """The driver's view of the sweep in a new driver (its recorder unpickled: no in-memory run state); each
+    event waits for its MLflow writes, as the test reads them at once."""
+
+    def complete(self, trial, trials):
+        super().complete(trial, trials)
+        self.recorder.flush()
+
+    def end(self, trials):
+        super().end(trials)
+        self.recorder.flush()
+
+
+def _restarted(recorder: SweepRecorder) -> LiveSweep:
+    return _Restarted(pickle.loads(pickle.dumps(recorder)), {}, lambda config: "", progress=False)
 
 
 def test_finish_interrupted_after_the_status_tag_is_redone_when_the_trial_reports_again(recorder):
@@ -45,7 +57,7 @@ def test_finish_interrupted_after_the_status_tag_is_redone_when_the_trial_report
     recorder.client.set_tag(run_id, R.TAG_STATUS, R.STATUS_OK)  # killed here, before set_terminated
     callback = _restarted(recorder)
     assert callback.recorder.unfinished_trials() == {"t1"}
-    callback.on_trial_complete(0, [], _trial("t1"))  # the restored trial re-reports its saved final record
+    callback.complete(_trial("t1"), [])  # the restored trial re-reports its saved final record
     run = recorder.client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.metrics[R.TEST_ACC] == 0.75
     assert callback.recorder.unfinished_trials() == set()
@@ -56,7 +68,7 @@ def test_trials_tune_had_concluded_are_finished_at_experiment_end_and_others_lef
     recorder.finish_trial("done", FINAL)
     recorder.client.set_tag(cut, R.TAG_STATUS, R.STATUS_OK)  # killed mid-finish
     callback = _restarted(recorder)
-    callback.on_experiment_end([_trial("done"), _trial("cut"), _trial("failed", "ERROR", {}),
+    callback.end([_trial("done"), _trial("cut"), _trial("failed", "ERROR", {}),
                                 _trial("pending", "PENDING", {})])
     client: MlflowClient = recorder.client
     status = {k: client.get_run(r).info.status for k, r in
@@ -88,7 +100,7 @@ def test_final_val_acc_is_the_runs_value_and_a_redone_finish_logs_it_once(record
     client.delete_tag(run_id, R.TAG_STATUS)  # as if killed after the metrics, before the tag and the status
     client.update_run(run_id, status="RUNNING")
     callback = _restarted(recorder)
-    callback.on_trial_complete(0, [], _trial("t1", result=record))
+    callback.complete(_trial("t1", result=record), [])
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.metrics[R.VAL_ACC] == 0.8
     assert sorted(m.step for m in client.get_metric_history(run_id, R.VAL_ACC)) == [1, 2, 3]

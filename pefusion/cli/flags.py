@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from pefusion.errors import ConfigError
+from pefusion.errors import ConfigError, SweepInterrupted
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SEARCH_SPACES = REPO_ROOT / "search_spaces"
@@ -26,8 +26,11 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except SweepInterrupted as exc:  # the first Ctrl-C or SIGTERM: state saved, the line says how to go on
+        print(exc, file=sys.stderr)
+        code = 130
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped at once; Ray's last saved state is still resumable
+        print("interrupted: stopped at once; continue with the same command and --resume", file=sys.stderr)
         code = 130
     sys.exit(code)
 
@@ -94,6 +97,11 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_
     g.add_argument("--num-cpus", type=int, help="CPUs a local cluster declares (default: all)")
     g.add_argument("--num-gpus", type=float, help="GPUs a local cluster declares (default: detected)")
     g.add_argument("--max-concurrent", type=int, default=0, help="trials at once (default: resources decide)")
+    g.add_argument("--max-failures", type=int, default=2,
+                   help="restarts of a trial whose process or node is lost, from its last epoch checkpoint "
+                        "(default: 2); an exception in the trial's own code is recorded once, never retried")
+    g.add_argument("--autoscaling", action="store_true",
+                   help="the cluster adds nodes on demand: do not refuse a per-trial request no node holds yet")
     g.add_argument("--storage-path", default="ray_results",
                    help="where Ray keeps results and checkpoints: local folder, shared filesystem or s3://bucket/path")
     g.add_argument("--name", help="experiment name under the storage path (default: <sweep>-<preset>-<time>)")
@@ -106,6 +114,8 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_
     g.add_argument("--smoke", action="store_true", help="tiny budgets for a quick end-to-end check")
     g.add_argument("--no-dashboard", action="store_true", help="do not start the Ray dashboard")
     g.add_argument("-v", "--verbose", action="count", default=1, help="more Ray output")
+    g.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress lines (default: one as each trial ends and every 30 s)")
 
 
 def search_space_path(args: argparse.Namespace) -> str:
@@ -133,5 +143,5 @@ def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | No
         address=args.address, cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
         num_cpus=args.num_cpus, num_gpus=args.num_gpus, max_concurrent=args.max_concurrent, resume=args.resume,
         tracking_uri=args.tracking_uri, dashboard=not args.no_dashboard, verbose=args.verbose,
-        tags={R.TAG_SEARCH_SPACE: search_space_path(args), "pefusion.preset": getattr(args, "preset", ""),
-              R.TAG_COMMAND: command})
+        progress=not args.quiet, max_failures=args.max_failures, autoscaling=args.autoscaling, command=command,
+        tags={R.TAG_SEARCH_SPACE: search_space_path(args), "pefusion.preset": getattr(args, "preset", "")})

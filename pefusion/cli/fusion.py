@@ -72,7 +72,8 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         static_params={R.DATASET: dataset, **flat_config(preset.model, preset.train)},
         identity={R.PE_TYPE: preset.model.pe_type, R.FUSION: preset.model.fusion, R.SEED: preset.train.seed,
                   R.DATASET: dataset},
-        sort_keys=(R.PE_TYPE, R.FUSION, R.SEED, "lr", "batch_size"), run_name=trial_run_name, describe=line,
+        sort_keys=(R.PE_TYPE, R.FUSION, R.SEED, "lr", "batch_size"), run_name=trial_run_name,
+        progress_metric=R.TEST_ACC, describe=line,
         results_file="results_by_seed", tables=lambda rows: {"results_aggregated": aggregate_rows(rows)}, **search)
 
 

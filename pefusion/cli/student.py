@@ -58,6 +58,7 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, argv: Sequence[str] 
         ship=lambda: {"preset": preset, "cpus": args.cpus_per_trial},
         check_point=lambda point: point_config(point, preset), static_params={**preset.point, **preset.cv},
         identity=preset.point, sort_keys=(R.OMEGA, R.ALPHA, R.INIT, R.SEED), run_name=student_run_name,
+        progress_metric=R.EPS_G if sweep == "lambda_cv" else f"{R.EPS_G}_semantic",
         describe=lambda shipped: f"{grid_size(space)} points ({sweep}, preset {args.preset})")
     result = run_sweep(study, sweep_options(args, sweep, argv), args.out)
     rows = result.rows

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import ray
 import torch
 from ray import tune
 
@@ -31,7 +32,7 @@ MODEL_WEIGHTS = "model.pt"
 MODEL_CONFIG = "model_config.json"
 # Columns of the by-seed CSV that vary between identical runs (left out when comparing two sweeps).
 TIMING_COLUMNS = (R.LAT_MS_MEAN, R.LAT_MS_STD, R.TRAIN_TIME_S, "trial_id", "visible_devices", "started_at",
-                  "ended_at")
+                  "ended_at", R.NODE)
 
 
 def _report_with_files(metrics: dict[str, Any], files: Callable[[Path], None]) -> None:
@@ -67,6 +68,7 @@ def pefusion_trainable(config: dict[str, Any], *, corpus: EncodedCorpus, base: P
     """One PE-fusion trial under Tune: per-epoch reports with a resumable checkpoint, then the final record."""
     torch.set_num_threads(max(1, int(cpus)))
     started = time.time()
+    node = {R.NODE: ray.get_runtime_context().get_node_id()}  # which node ran it (a tag of its MLflow run)
     model_cfg, train_cfg = split_trial_config(config, base)
     trainer = Trainer(model_cfg, train_cfg, corpus)
     checkpoint = tune.get_checkpoint()
@@ -83,11 +85,12 @@ def pefusion_trainable(config: dict[str, Any], *, corpus: EncodedCorpus, base: P
         except Diverged as exc:
             tune.report({**trainer.failure_record(R.STATUS_DIVERGED, str(exc)), R.VAL_ACC: float("nan")})
             return
-        _report_with_files(metrics, lambda folder: torch.save(trainer.state_dict(), folder / TRAINER_STATE))
+        _report_with_files({**metrics, **node},
+                           lambda folder: torch.save(trainer.state_dict(), folder / TRAINER_STATE))
 
     final = trainer.final_record(length_edges)
     final.update(visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""), device=str(trainer.device),
-                 started_at=started, ended_at=time.time(), **{R.EPOCH: trainer.epoch})
+                 started_at=started, ended_at=time.time(), **{R.EPOCH: trainer.epoch}, **node)
     _report_with_files(final, lambda folder: _write_final(folder, trainer, final))
 
 

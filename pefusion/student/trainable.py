@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import ray
 import torch
 from ray import tune
 
@@ -39,7 +40,7 @@ def lambda_cv_trainable(config: dict[str, Any], *, preset: StudentPreset, cpus: 
     curve = pd.DataFrame(result.pop(R.CV_CURVE))
     with tempfile.TemporaryDirectory() as tmp:
         curve.to_csv(Path(tmp) / R.CV_CURVE_ARTIFACT, index=False)
-        tune.report(with_status(result), checkpoint=tune.Checkpoint.from_directory(tmp))
+        tune.report(with_status(_with_node(result)), checkpoint=tune.Checkpoint.from_directory(tmp))
 
 
 def phase_trainable(config: dict[str, Any], *, preset: StudentPreset, cpus: float) -> None:
@@ -49,7 +50,12 @@ def phase_trainable(config: dict[str, Any], *, preset: StudentPreset, cpus: floa
     extra = {k: getattr(point, k) for k in ("optim", "lr", "iters", "n_test", "teacher_A", "r", "dtype")}
     result = run_phase_point(alpha=point.alpha, omega=point.omega, sigma=point.sigma, lam=point.lam,
                              seed=point.seed, d=point.d, **extra)
-    tune.report(with_status(result))
+    tune.report(with_status(_with_node(result)))
+
+
+def _with_node(result: dict[str, Any]) -> dict[str, Any]:
+    """The record with the Ray node that computed it (a tag of its MLflow run)."""
+    return {**result, R.NODE: ray.get_runtime_context().get_node_id()}
 
 
 def student_run_name(config: dict[str, Any]) -> str:

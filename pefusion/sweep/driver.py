@@ -8,6 +8,14 @@ run records, how trials are named and identified) and the `SweepOptions` of the 
 A sweep ends the same way whatever the study: `<out>/<name>_<results_file>.csv` with one row per trial (failed
 ones with their error, never dropped), the tables the caller derives from those rows as `<name>_<key>.csv`, all
 logged to the sweep's MLflow parent run, which is then finished with the counts of trials and failures.
+
+What goes wrong is decided here too (SPEC §9). Ctrl-C or SIGTERM: Tune saves the experiment, the trials keep their
+last epoch checkpoint, the results CSV lists every trial with its own configuration and `interrupted`/`pending`
+for those that did not finish, their MLflow runs and the parent are KILLED (never FINISHED), and `run_sweep`
+raises `SweepInterrupted` with the line to print (the exact `--resume` command); the command exits 130. A trial
+whose process or node is lost is restarted from its last checkpoint up to `--max-failures` times; an exception of
+its own code is recorded once as 'error' (`catching_errors`). A request no node can hold is refused before any
+trial starts (`check_resources`). MLflow writes wait out an unreachable tracking server (`SweepRecorder.later`).
 """
 from __future__ import annotations
 
@@ -18,8 +26,9 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from pefusion import record as R
+from pefusion.errors import SweepInterrupted
 from pefusion.sweep.space import SearchSpace, to_tune
-from pefusion.sweep.tuner import SweepOptions, result_rows, run_tune
+from pefusion.sweep.tuner import LiveSweep, SweepOptions, catching_errors, result_rows, run_tune
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,7 @@ class StudySweep:
     identity: Mapping[str, Any]  # values of the identity columns for trials whose config does not set them
     sort_keys: Sequence[str]
     run_name: Callable[[dict[str, Any]], str]
+    progress_metric: str  # shown for each trial in the progress lines (e.g. test_acc)
     describe: Callable[[Mapping[str, Any]], str] = lambda shipped: ""  # printed before Ray starts
     results_file: str = "results"
     tables: Callable[[pd.DataFrame], Mapping[str, pd.DataFrame]] = lambda rows: {}
@@ -80,20 +90,22 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
         print(line, flush=True)
     from ray import tune
 
-    trainable = tune.with_parameters(study.trainable, **shipped)
-    results, recorder, exp_path, _ = run_tune(
-        trainable, to_tune(study.space), opts, preset=study.preset,
-        static_params=study.static_params, run_name=study.run_name, metric=study.metric, mode=study.mode,
+    trainable = tune.with_parameters(catching_errors(study.trainable), **shipped)
+    live, exp_path = run_tune(
+        trainable, to_tune(study.space), opts, preset=study.preset, static_params=study.static_params,
+        run_name=study.run_name, progress_metric=study.progress_metric, metric=study.metric, mode=study.mode,
         scheduler=study.scheduler, search_alg=study.search_alg, num_samples=study.num_samples)
-    rows = pd.DataFrame(result_rows(results))
-    for key, value in study.identity.items():  # trials whose config does not vary the key (or that failed)
+    recorder = live.recorder
+    rows = pd.DataFrame(result_rows(live.trials))
+    for key, value in study.identity.items():  # trials whose config does not vary the key
         rows[key] = rows[key].fillna(value) if key in rows else value
     keys = [k for k in study.sort_keys if k in rows.columns]
     rows = rows.sort_values(keys, kind="stable").reset_index(drop=True)
-
     result = SweepResult(rows, experiment_path=exp_path, parent_run_id=recorder.parent_run_id)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if live.interrupted:
+        _interrupted(result, out / f"{result.name}_{study.results_file}.csv", opts, live)
     tables = {study.results_file: rows, **study.tables(rows)}
     for key, table in tables.items():
         path = out / f"{result.name}_{key}.csv"
@@ -103,3 +115,16 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
     n_failed = int((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum()) if R.STATUS in rows else len(rows)
     recorder.finish_sweep({"n_trials": len(rows), "n_failed": n_failed, **study.parent_metrics(rows)})
     return result
+
+
+def _interrupted(result: SweepResult, path: Path, opts: SweepOptions, live: LiveSweep) -> None:
+    """An interrupted sweep: the results CSV of the trials Tune has made so far (no tables of a partial sweep),
+    the parent run KILLED, and `SweepInterrupted` with the one line to print."""
+    result.rows.to_csv(path, index=False)
+    live.recorder.interrupt_sweep()
+    live.recorder.flush()
+    statuses = list(result.rows[R.STATUS]) if R.STATUS in result.rows else []
+    n = max(live.total, len(statuses))  # a search makes its trials as it goes: some are not made yet
+    finished, running = sum(s in R.FINAL_STATUSES for s in statuses), statuses.count(R.STATUS_INTERRUPTED)
+    raise SweepInterrupted(f"interrupted: {finished} of {n} trials finished ({running} running, "
+                           f"{n - finished - running} pending); continue with: {opts.resume_command(result.name)}")

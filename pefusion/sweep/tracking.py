@@ -1,26 +1,38 @@
 """MLflow tracking for sweeps: one experiment per study, one parent run per sweep, one child run per trial.
 
-Only the sweep driver talks to MLflow (the Tune callback in `pefusion.sweep.driver` forwards trial events here), so a
+Only the sweep driver talks to MLflow (the Tune callback in `pefusion.sweep.tuner` forwards trial events here), so a
 sqlite store never sees concurrent writers and trials on cluster nodes need no route to the tracking server.
 Every lookup is by tag, never by in-memory state, so a driver restarted with `--resume` finds the runs it made
 before and never duplicates a child run.
+
+During a sweep the writes go through one background thread (`SweepRecorder.later`, `flush`): Ray Tune's loop
+never waits on the tracking server, and a server that goes away is waited for (the sweep goes on, the writes
+queue up in order and are made when it returns) instead of costing a metric.
 
 This module is the project's one writer of MLflow: the analysis reports, written after a sweep, log their files
 to its parent run through `log_artifacts_to_run`; `pefusion.analysis` itself only reads.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
+
+# Against a server, MLflow prints "View run ... / View experiment ..." for every run it ends: two lines per trial
+# between the sweep's own progress lines.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 PEFUSION_EXPERIMENT = "pe-fusion"
@@ -116,15 +128,99 @@ def _finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+# Substrings of the errors of a store that is away for a while (server down or restarting, network, a locked
+# sqlite file): such a write is retried until it succeeds. Any other error is a bug and is reported, not retried.
+_UNREACHABLE = ("Max retries exceeded", "Connection refused", "Connection aborted", "Failed to establish",
+                "Remote end closed", "timed out", "Temporary failure in name resolution", "database is locked")
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """True when `exc` (or what caused it) says the tracking store cannot be reached right now."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (ConnectionError, TimeoutError)) or any(s in str(seen) for s in _UNREACHABLE):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class _Writer:
+    """One daemon thread that makes queued MLflow writes in order, waiting out an unreachable store.
+
+    Why a thread: MLflow's client retries a dead server for minutes inside the call, and the Tune callbacks run in
+    the driver's loop, so every trial would stall behind it. Here the loop only enqueues; an outage costs time
+    on this thread, never a write (each is retried, with a back-off up to 30 s, until the store answers).
+    """
+
+    RETRY_MAX_S = 30.0
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.down_since: float | None = None
+        self._queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._loop, name="pefusion-mlflow-writer", daemon=True).start()
+
+    def put(self, op: Callable[[], None]) -> None:
+        self._queue.put(op)
+
+    @property
+    def pending(self) -> int:
+        return self._queue.unfinished_tasks
+
+    def _loop(self) -> None:
+        while True:
+            op = self._queue.get()
+            delay = 1.0
+            while True:
+                try:
+                    op()
+                    break
+                except Exception as exc:  # noqa: BLE001 (the thread must outlive any one write)
+                    if not is_unreachable(exc):
+                        print(f"MLflow write skipped: {str(exc).strip().splitlines()[0][:300]}", file=sys.stderr,
+                              flush=True)
+                        break
+                    if self.down_since is None:
+                        self.down_since = time.time()
+                        print(f"MLflow tracking store {self.uri} is unreachable; the sweep goes on and its records "
+                              f"wait here until it answers ({self.pending} queued)", file=sys.stderr, flush=True)
+                    time.sleep(delay)
+                    delay = min(2 * delay, self.RETRY_MAX_S)
+            if self.down_since is not None and delay > 1.0:
+                print(f"MLflow tracking store is back after {time.time() - self.down_since:.0f} s; writing the "
+                      f"{self.pending - 1} queued records", file=sys.stderr, flush=True)
+                self.down_since = None
+            self._queue.task_done()
+
+    def drain(self, every_s: float = 30.0) -> None:
+        """Wait until every queued write is made; while the store is away, say so every `every_s` seconds."""
+        said = time.time()
+        while self.pending:
+            time.sleep(0.05)
+            if self.down_since is not None and time.time() - said >= every_s:
+                said = time.time()
+                print(f"waiting for the MLflow tracking store {self.uri}: {self.pending} records to write "
+                      f"(Ctrl-C stops; --resume writes them from what Ray stored)", file=sys.stderr, flush=True)
+
+
 class SweepRecorder:
-    """Writes one sweep to MLflow. Safe to rebuild after a driver restart: runs are found again by tag."""
+    """Writes one sweep to MLflow. Safe to rebuild after a driver restart: runs are found again by tag.
+
+    Its methods write at once; during a sweep the Tune callback hands them to `later` (one background thread, in
+    order) and the driver calls `flush` before it reads or finishes anything.
+    """
 
     def __init__(self, uri: str, experiment: str, sweep: str, sweep_path: str) -> None:
         self.uri, self.experiment, self.sweep, self.sweep_path = uri, experiment, sweep, sweep_path
+        # The writer thread retries an unreachable server itself (with no end), so MLflow's own retries (7 with
+        # a doubling back-off, minutes per call) would only delay noticing the outage.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         self.experiment_id = ensure_experiment(uri, experiment)
         self._runs: dict[str, str] = {}  # trial id -> run id
         self._last_step: dict[str, int] = {}  # run id -> last epoch logged (skip replays after resume)
         self._done: set[str] = set()  # run ids whose trial already finished (a resume re-reports them)
+        self._writer: _Writer | None = None
         self.parent_run_id = self._find_or_create_parent()
 
     def __getstate__(self) -> dict:  # Tune pickles callbacks with the experiment; MLflow state is rebuilt
@@ -132,11 +228,22 @@ class SweepRecorder:
                                               "parent_run_id")}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _runs={}, _last_step={}, _done=set())
+        self.__dict__.update(state, _runs={}, _last_step={}, _done=set(), _writer=None)
 
     @property
     def client(self):
         return mlflow_client(self.uri)
+
+    def later(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Make `fn(*args, **kwargs)` (a write of this recorder) on the writer thread, after those queued before."""
+        if self._writer is None:
+            self._writer = _Writer(self.uri)
+        self._writer.put(functools.partial(fn, *args, **kwargs))
+
+    def flush(self) -> None:
+        """Wait for every write handed to `later` (through an outage, however long)."""
+        if self._writer is not None:
+            self._writer.drain()
 
     def _search(self, filter_string: str) -> list:
         return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=5000)
@@ -144,6 +251,8 @@ class SweepRecorder:
     def _find_or_create_parent(self) -> str:
         found = self._search(f"tags.`{R.TAG_ROLE}` = 'sweep' and tags.`{R.TAG_STORAGE}` = '{self.sweep_path}'")
         if found:
+            if found[0].info.status != "RUNNING":  # an interrupted sweep, resumed
+                self.client.update_run(found[0].info.run_id, status="RUNNING")
             return found[0].info.run_id
         run = self.client.create_run(self.experiment_id, run_name=Path(self.sweep_path).name, tags={
             R.TAG_ROLE: "sweep", R.TAG_SWEEP: self.sweep, R.TAG_STORAGE: self.sweep_path,
@@ -167,12 +276,14 @@ class SweepRecorder:
             history = self.client.get_metric_history(run_id, R.VAL_ACC)
             self._last_step[run_id] = max((m.step for m in history), default=0)
             # Finished before a driver restart: leave it as it is. The status tag alone is not enough: a driver
-            # killed inside `finish_trial` leaves the tag on a run still RUNNING, whose finish must be redone.
-            finished = found[0].info.status != "RUNNING"
-            if finished and R.TAG_STATUS in found[0].data.tags:
+            # killed inside `finish_trial` leaves the tag on a run still RUNNING, whose finish must be redone; an
+            # interrupted trial's run is KILLED with the tag 'interrupted', and runs again now.
+            closed = found[0].info.status != "RUNNING"
+            if closed and found[0].data.tags.get(R.TAG_STATUS) in R.FINAL_STATUSES:
                 self._done.add(run_id)
-            elif finished:
+            elif closed:
                 self.client.update_run(run_id, status="RUNNING")
+                self.client.set_tag(run_id, R.TAG_STATUS, R.STATUS_RUNNING)
         else:
             run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
                 R.TAG_PARENT: self.parent_run_id, R.TAG_ROLE: "trial", R.TAG_TRIAL_ID: trial_id,
@@ -182,6 +293,20 @@ class SweepRecorder:
             self._last_step[run_id] = 0
         self._runs[trial_id] = run_id
         return run_id
+
+    def tag_trial(self, trial_id: str, tags: Mapping[str, Any]) -> None:
+        run_id = self._runs[trial_id]
+        for k, v in tags.items():
+            self.client.set_tag(run_id, k, str(v))
+
+    def interrupt_trial(self, trial_id: str) -> None:
+        """A trial cut by an interruption: KILLED with the status tag 'interrupted' (never FINISHED); --resume
+        reopens the same run and continues its epochs."""
+        run_id = self._runs[trial_id]
+        if run_id in self._done:
+            return
+        self.client.set_tag(run_id, R.TAG_STATUS, R.STATUS_INTERRUPTED)
+        self.client.set_terminated(run_id, status="KILLED")
 
     def unfinished_trials(self) -> set[str]:
         """Trial ids whose child run is still RUNNING (one query), e.g. after a driver was killed mid-finish."""
@@ -250,6 +375,13 @@ class SweepRecorder:
     def log_parent_artifacts(self, paths: Iterable[Path], artifact_path: str = R.ARTIFACT_RESULTS_DIR) -> None:
         log_artifacts_to_run(self.uri, self.parent_run_id, paths, artifact_path)
 
-    def finish_sweep(self, metrics: Mapping[str, Any], failed: bool = False) -> None:
+    def finish_sweep(self, metrics: Mapping[str, Any]) -> None:
+        """The parent run FINISHED with the sweep's counts (only once every trial has finished)."""
         self._log_metrics(self.parent_run_id, metrics)
-        self.client.set_terminated(self.parent_run_id, status="FAILED" if failed else "FINISHED")
+        self.client.set_tag(self.parent_run_id, R.TAG_STATUS, "finished")
+        self.client.set_terminated(self.parent_run_id, status="FINISHED")
+
+    def interrupt_sweep(self) -> None:
+        """The parent run of an interrupted sweep: KILLED, never FINISHED; --resume reopens it."""
+        self.client.set_tag(self.parent_run_id, R.TAG_STATUS, R.STATUS_INTERRUPTED)
+        self.client.set_terminated(self.parent_run_id, status="KILLED")
