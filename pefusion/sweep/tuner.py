@@ -320,7 +320,8 @@ class LiveSweep:
                 status = str(_final(trial).get(R.STATUS, R.STATUS_STOPPED)) if trial.status == Trial.TERMINATED \
                     else R.STATUS_ERROR
             elif status is None:
-                started = trial.status != Trial.PENDING or trial.checkpoint is not None
+                # (Tune marks TERMINATED every trial it had asked an actor for, even one still waiting for resources)
+                started = trial.trial_id in self.ran or trial.checkpoint is not None
                 status = R.STATUS_INTERRUPTED if started else R.STATUS_PENDING
                 self.interrupted = True
                 if trial.trial_id in self.ran:

@@ -1,0 +1,332 @@
+"""Field conditions (SPEC §9), as a user meets them: Ctrl-C or SIGTERM then the printed `--resume` command, a
+request no node can hold, a trial process killed mid-training, a trial whose own code raises, progress lines.
+
+Process behaviour (signals, exit codes, what is printed) is tested on real driver processes; the rest on a real
+local Ray in this process. MLflow is a real sqlite store throughout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from conftest import REPO, subprocess_env
+from pefusion import record as R
+from pefusion.fusion.trainable import TIMING_COLUMNS
+
+GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "8", "--pe-types", "sinusoidal,learned",
+        "--fusions", "add,concat", "--seeds", "0", "--max-concurrent", "1", "--num-cpus", "2", "--no-dashboard"]
+TIMING_METRICS = {R.LAT_MS_MEAN, R.LAT_MS_STD, R.TRAIN_TIME_S}
+INTERRUPTED_LINE = re.compile(r"^interrupted: (\d+) of (\d+) trials finished \((\d+) running, (\d+) pending\); "
+                              r"continue with: (.+)$")
+
+
+def _start(cwd: Path, args: list[str]) -> subprocess.Popen:
+    """`python sweeps/arxiv_grid.py ARGS` in `cwd`, as a user starts it (stdout and stderr piped)."""
+    return subprocess.Popen([sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *args], cwd=cwd,
+                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _run(cwd: Path, args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *args], cwd=cwd,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _mlflow(db: Path) -> dict:
+    """Parent and child runs of the one sweep in `db`: {"parent": run, "children": {(pe, fusion, seed): run}}."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("pe-fusion")
+    (parent,) = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
+    children = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_PARENT}` = '{parent.info.run_id}'")
+    keyed = {(c.data.params[R.PE_TYPE], c.data.params[R.FUSION], c.data.params[R.SEED]): c for c in children}
+    assert len(keyed) == len(children), "two child runs for one trial"
+    return {"client": client, "parent": parent, "children": keyed}
+
+
+def _history(client, run, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+
+
+def _comparable(csv: Path) -> pd.DataFrame:
+    df = pd.read_csv(csv)
+    return df.drop(columns=[c for c in TIMING_COLUMNS if c in df]).reset_index(drop=True)
+
+
+def _ray_configs(experiment: Path) -> dict[str, dict]:
+    """trial id -> the config Ray itself stored for it (params.json of its folder): the truth a CSV row is
+    checked against."""
+    configs = {}
+    for folder in experiment.glob("pefusion_trainable_*"):
+        params = folder / "params.json"
+        if params.exists():
+            trial_id = "_".join(folder.name.split("_")[2:4])
+            configs[trial_id] = json.loads(params.read_text())
+    return configs
+
+
+@pytest.mark.subprocess_ray
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, cache_dir, sig):
+    """The first Ctrl-C (or SIGTERM) mid-sweep: exit 130 and one line with the exact --resume command; the CSV
+    lists every trial Tune made with its own configuration, nothing unfinished as finished (no 'stopped'), the
+    unfinished runs and the parent not FINISHED. The printed command then ends with the CSV and MLflow of an
+    uninterrupted sweep, timing aside: the same child runs, FINISHED, with the same values and each epoch once.
+    A sweep run with -q prints no progress line; the interrupted one printed one per trial end."""
+    full_db, cut_db = tmp_path / "full.db", tmp_path / "cut.db"
+    full = _run(tmp_path, [*GRID, "--name", "full", "-q", "--tracking-uri", f"sqlite:///{full_db}",
+                           "--cache-dir", str(cache_dir)])
+    assert full.returncode == 0, full.stderr[-3000:]
+    assert not re.search(r"^\[\d\d:\d\d:\d\d\]", full.stdout, re.M), full.stdout
+
+    args = [*GRID, "--name", "cut", "--tracking-uri", f"sqlite:///{cut_db}", "--cache-dir", str(cache_dir)]
+    driver = _start(tmp_path, args)
+    lines = []
+    for line in driver.stdout:  # the progress line of the first trial's end
+        lines.append(line)
+        if " 1/4 done " in line:
+            break
+    time.sleep(1.5)  # the next trial is training
+    driver.send_signal(sig)
+    out, err = driver.communicate(timeout=120)
+    lines += out.splitlines(keepends=True)
+    assert driver.returncode == 130, err[-3000:]
+    last = [ln for ln in err.splitlines() if ln.strip()][-1]
+    match = INTERRUPTED_LINE.match(last)
+    assert match, err[-3000:]
+    finished, n, running, pending = map(int, match.groups()[:4])
+    assert n == 4 and finished >= 1 and finished + running + pending == 4 and running <= 1
+    assert match.group(5) == shlex.join(["python", "sweeps/arxiv_grid.py", *args, "--resume"])
+    progress = [ln for ln in lines if re.match(r"^\[\d\d:\d\d:\d\d\] \d/4 done", ln)]
+    assert len(progress) >= finished and all(" ok: test_acc " in ln for ln in progress), lines
+
+    rows = pd.read_csv(tmp_path / "results" / "cut_results_by_seed.csv")
+    truth = _ray_configs(tmp_path / "ray_results" / "cut")
+    for row in rows.itertuples():
+        assert {k: getattr(row, k) for k in truth[row.trial_id]} == truth[row.trial_id], row.trial_id
+    assert R.STATUS_STOPPED not in set(rows[R.STATUS])
+    assert (rows[R.STATUS] == R.STATUS_OK).sum() == finished
+    assert (rows[R.STATUS] == R.STATUS_INTERRUPTED).sum() == running
+    cut = _mlflow(cut_db)
+    assert cut["parent"].info.status == "KILLED"
+    for run in cut["children"].values():
+        tag = run.data.tags[R.TAG_STATUS]
+        assert (run.info.status, tag) in {("FINISHED", R.STATUS_OK), ("KILLED", R.STATUS_INTERRUPTED)}, tag
+    assert sum(r.info.status == "FINISHED" for r in cut["children"].values()) == finished
+
+    resume = shlex.split(match.group(5))
+    assert resume[:2] == ["python", "sweeps/arxiv_grid.py"]
+    resumed = _run(tmp_path, resume[2:])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    pd.testing.assert_frame_equal(_comparable(tmp_path / "results" / "cut_results_by_seed.csv"),
+                                  _comparable(tmp_path / "results" / "full_results_by_seed.csv"))
+    ref, got = _mlflow(full_db), _mlflow(cut_db)
+    assert got["parent"].info.status == "FINISHED" and set(got["children"]) == set(ref["children"])
+    for key, want in ref["children"].items():
+        run = got["children"][key]
+        assert run.info.status == "FINISHED" and run.data.tags[R.TAG_STATUS] == R.STATUS_OK, key
+        assert run.data.params == want.data.params, key
+        drop = lambda m: {k: v for k, v in m.items() if k not in TIMING_METRICS}  # noqa: E731
+        assert drop(run.data.metrics) == drop(want.data.metrics), key
+        for metric in R.EPOCH_METRICS:  # each epoch once, with the uninterrupted sweep's values
+            assert _history(got["client"], run, metric) == _history(ref["client"], want, metric), (key, metric)
+        artifacts = {a.path for a in got["client"].list_artifacts(run.info.run_id)}
+        assert R.ARTIFACT_CHECKPOINT_DIR in artifacts and R.ARTIFACT_LENGTH_BUCKETS in artifacts
+
+
+@pytest.mark.subprocess_ray
+@pytest.mark.parametrize("flags,message", [
+    (["--gpus-per-trial", "0.5", "--num-gpus", "0"],
+     "--gpus-per-trial 0.5 but the cluster has no GPU; declare logical GPUs with --num-gpus N or leave the flag out"),
+    (["--cpus-per-trial", "4", "--num-cpus", "2"],
+     "--cpus-per-trial 4 but the largest node has 2 CPUs; lower --cpus-per-trial or declare more with --num-cpus N"),
+], ids=["gpu", "cpu"])
+def test_a_request_no_node_can_hold_exits_2_in_one_line(tmp_path, cache_dir, flags, message):
+    """Refused before any trial starts, within 30 s, in one line naming the flag and what the cluster has;
+    no MLflow run is made."""
+    db = tmp_path / "m.db"
+    start = time.time()
+    proc = _run(tmp_path, ["--preset", "arxiv", "--synthetic", "--smoke", "--no-dashboard", *flags,
+                           "--tracking-uri", f"sqlite:///{db}", "--cache-dir", str(cache_dir)], timeout=120)
+    elapsed = time.time() - start
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert elapsed < 30, elapsed
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [f"error: {message}"], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    if db.exists():
+        import sqlite3
+
+        with sqlite3.connect(db) as con:
+            assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+
+
+@pytest.mark.subprocess_ray
+def test_autoscaling_waits_for_the_request_instead_of_refusing_it(tmp_path, cache_dir):
+    """With --autoscaling the same request passes the check and waits for a node (Ray's to provide); Ctrl-C
+    then stops it like any sweep: exit 130 with its --resume line, the trial pending."""
+    proc = _start(tmp_path, ["--preset", "arxiv", "--synthetic", "--smoke", "--no-dashboard", "--autoscaling",
+                             "--cpus-per-trial", "4", "--num-cpus", "2", "--name", "wait",
+                             "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--cache-dir", str(cache_dir)])
+    for line in proc.stdout:
+        if line.startswith("MLflow:"):  # printed after the resource check
+            break
+    time.sleep(3)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    match = INTERRUPTED_LINE.match([ln for ln in err.splitlines() if ln.strip()][-1])
+    assert match and match.group(1) == "0" and match.group(3) == "0", err[-2000:]
+
+
+# --- in-process: a real local Ray, sqlite MLflow ---------------------------------------------------------------
+
+
+def _options(tmp: Path, **kw):
+    from pefusion.sweep.tuner import SweepOptions
+
+    return SweepOptions(sweep="arxiv_grid", experiment="pe-fusion", storage_path=str(tmp / "ray_results"),
+                        dashboard=False, verbose=0, progress=False, name="s", **kw)
+
+
+def _grid(**axes):
+    from pefusion.fusion.config import RULES
+    from pefusion.sweep.space import parse_search_space
+
+    return parse_search_space({k: {"grid": v} for k, v in axes.items()}, RULES)
+
+
+def _sweep(corpus, preset, space, opts, trainable):
+    from pefusion.cli.fusion import pefusion_study
+    from pefusion.sweep.driver import run_sweep
+
+    study = pefusion_study("arxiv_grid", "smoke", preset, space, opts.cpus_per_trial, corpus=corpus,
+                           trainable=trainable)
+    return run_sweep(study, opts, Path(opts.storage_path).parent / "results")
+
+
+def _children(parent_run_id: str):
+    from mlflow.tracking import MlflowClient
+
+    from pefusion.sweep.tracking import resolve_tracking_uri
+
+    client = MlflowClient(resolve_tracking_uri())
+    exp = client.get_experiment_by_name("pe-fusion")
+    return client, client.search_runs([exp.experiment_id], f"tags.`{R.TAG_PARENT}` = '{parent_run_id}'")
+
+
+def test_a_trial_whose_own_code_raises_runs_once_and_is_recorded_once(local_ray, in_tmp, smoke_preset,
+                                                                       smoke_corpus):
+    """With --max-failures 2, an exception of the trial's code is not retried: the trial ran once, its row and
+    its FAILED child run carry the exception's line, and the other trial is unaffected."""
+    from pefusion.fusion.trainable import pefusion_trainable
+
+    calls = in_tmp / "calls"
+
+    def raising(config, **kwargs):
+        with open(calls, "a") as f:
+            f.write(f"{config[R.SEED]}\n")
+        if config[R.SEED] == 1:
+            raise ValueError("bad value 7")
+        return pefusion_trainable(config, **kwargs)
+
+    result = _sweep(smoke_corpus, smoke_preset, _grid(seed=[0, 1]), _options(in_tmp, max_failures=2), raising)
+    assert sorted(calls.read_text().split()) == ["0", "1"]  # each trial's code ran once
+    by_seed = result.rows.set_index(R.SEED)
+    assert by_seed.loc[1, R.STATUS] == R.STATUS_ERROR and by_seed.loc[1, R.ERROR] == "ValueError: bad value 7"
+    assert by_seed.loc[0, R.STATUS] == R.STATUS_OK
+    _, runs = _children(result.parent_run_id)
+    failed = [r for r in runs if r.info.status == "FAILED"]
+    assert len(runs) == 2 and len(failed) == 1
+    assert failed[0].data.tags[R.TAG_STATUS] == R.STATUS_ERROR
+    assert failed[0].data.tags[R.TAG_ERROR] == "ValueError: bad value 7"
+
+
+def test_a_trial_process_killed_mid_training_resumes_from_its_checkpoint(local_ray, in_tmp, smoke_preset,
+                                                                          smoke_corpus):
+    """SIGKILL of the trial's process after its 3rd epoch (the OOM killer, a preempted node): Ray restarts it from
+    its last epoch checkpoint (not from epoch 1) in a new process; the sweep completes; its child run has the
+    epochs 1..E exactly once and is FINISHED."""
+    import dataclasses
+
+    from pefusion.fusion.trainable import pefusion_trainable
+
+    preset = dataclasses.replace(smoke_preset, train=dataclasses.replace(smoke_preset.train, max_epochs=30,
+                                                                         early_stopping=False))
+    storage = in_tmp / "ray_results" / "s"
+    killed: dict = {}
+
+    def kill_after_third_epoch() -> None:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            for result_file in storage.glob("pefusion_trainable_*/result.json"):
+                reports = [json.loads(ln) for ln in result_file.read_text().splitlines() if ln.strip()]
+                if len(reports) >= 3 and R.STATUS not in reports[-1]:
+                    killed.update(pid=reports[-1]["pid"], epoch=reports[-1][R.EPOCH],
+                                  trial_id=reports[-1]["trial_id"])
+                    os.kill(killed["pid"], signal.SIGKILL)
+                    return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_after_third_epoch, daemon=True)
+    killer.start()
+    result = _sweep(smoke_corpus, preset, _grid(seed=[0]), _options(in_tmp, max_failures=2), pefusion_trainable)
+    killer.join()
+    assert killed, "the trial finished before it could be killed"
+    assert list(result.rows[R.STATUS]) == [R.STATUS_OK]
+
+    reports = [json.loads(ln) for f in storage.glob("pefusion_trainable_*/result.json")
+               for ln in f.read_text().splitlines() if ln.strip()]
+    after = [r for r in reports if r["pid"] != killed["pid"]]
+    assert after, "no report from a new process: the trial was not restarted"
+    first_after = min(r[R.EPOCH] for r in after)
+    assert 1 < first_after <= killed["epoch"] + 1, (killed, first_after)  # from the checkpoint, not from scratch
+    assert max(r[R.EPOCH] for r in reports) == 30
+
+    client, (run,) = _children(result.parent_run_id)
+    assert run.info.status == "FINISHED" and run.data.tags[R.TAG_STATUS] == R.STATUS_OK
+    assert [s for s, _ in _history(client, run, R.TRAIN_LOSS)] == list(range(1, 31))
+
+
+def test_progress_line_counts_trials_and_estimates_the_time_left(capsys):
+    """The line as each trial ends: done (failed) / running / pending of n, elapsed, time left from the rate of
+    this driver's ended trials, the trial's main metric."""
+    from ray.tune.experiment import Trial
+
+    from pefusion.sweep.tuner import LiveSweep
+
+    live = LiveSweep(recorder=SimpleNamespace(later=lambda *a, **k: None), static_params={},
+                     run_name=lambda config: f"s{config['seed']}", progress_metric=R.TEST_ACC, total=10)
+    live.started_at = time.time() - 120
+    trials = [SimpleNamespace(trial_id=f"t{i}", status=s, config={"seed": i}, last_result={}, checkpoint=None)
+              for i, s in enumerate([Trial.TERMINATED, Trial.TERMINATED, Trial.RUNNING, Trial.RUNNING,
+                                     Trial.PENDING])]
+    live.ended_before, live.ran = set(), {"t0", "t1", "t2", "t3"}
+    live.concluded = {"t0": R.STATUS_ERROR}
+    live.finished_here = 1
+    trials[1].last_result = {R.STATUS: R.STATUS_OK, R.TEST_ACC: 0.8125}
+    live.complete(trials[1], trials)
+    line = capsys.readouterr().out.strip()
+    # 2 of 10 ended (1 failed) in 120 s: 60 s each, 8 left -> ~8 min
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] 2/10 done \(1 failed\), 2 running, 6 pending; 2m0[01]s elapsed, "
+                        r"~8m0[0-9]s left; s1 ok: test_acc 0.8125", line), line
+    live.every_s = 0.0
+    live.step(trials)
+    assert "2/10 done (1 failed), 2 running, 6 pending" in capsys.readouterr().out
+    live.progress = False
+    live.step(trials)
+    assert capsys.readouterr().out == ""
