@@ -11,12 +11,12 @@ check (or JSON lines with --json) and exits 0 if all pass, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import pefusion  # noqa: F401  (first: it sets PyTorch's huge-page switch, read when torch loads)
 import torch
 
+from pefusion.cli.reproduction import print_reproduction
 from pefusion.errors import ConfigError
 from pefusion.student.cv import reproduction_report
 
@@ -38,17 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        for row in report["points"] + report["checks"]:
-            print(json.dumps(row))
-    else:
-        print(f"{'check':<22}{'alpha':>6}{'measured':>14}{'published':>14}  result")
-        for c in report["checks"]:
-            measured = c["measured"] if isinstance(c["measured"], str) else f"{c['measured']:.5g}"
-            print(f"{c['quantity']:<22}{c['alpha']:>6}{measured:>14}{c['published']!s:>14}  "
-                  f"{'PASS' if c['pass'] else 'FAIL'}"
-                  + (f"  ({c['rel_diff']:+.1%})" if "rel_diff" in c else f"  (per seed: {c['per_seed']})"))
-    return 0 if all(c["pass"] for c in report["checks"]) else 1
+    return print_reproduction(report, args.json)
 
 
 if __name__ == "__main__":

@@ -75,3 +75,4 @@ def student_summary(rows: pd.DataFrame) -> str:
                         "eps_t_semantic", "eps_t_positional", R.GLOBAL_MIN, R.STATUS) if c in rows]
     with pd.option_context("display.width", 160, "display.max_rows", 400, "display.float_format", "{:.4g}".format):
         return rows[cols].to_string(index=False)
+

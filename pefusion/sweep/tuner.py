@@ -1,8 +1,10 @@
-"""Ray Tune plumbing: the shared sweep options, the cluster, the Tuner (new or restored), MLflow forwarding, result rows.
+"""Ray Tune plumbing: the shared sweep options, the cluster and its resource check, the Tuner (new or restored),
+the driver's view of a running sweep (MLflow forwarding, progress lines, how each trial ended), result rows.
 
 `pefusion.sweep.driver.run_sweep` is the only caller of `run_tune`; it states *what* to search (a param space, a
-trainable, a scheduler) and this module does it the same way for every sweep. Current Ray API only: `ray.tune.report`, `ray.tune.get_checkpoint`, `tune.Tuner`,
-`tune.TuneConfig`, `tune.RunConfig`, `tune.with_resources`, `tune.with_parameters`.
+trainable, a scheduler) and this module does it the same way for every sweep. Current Ray API only:
+`ray.tune.report`, `ray.tune.get_checkpoint`, `tune.Tuner`, `tune.TuneConfig`, `tune.RunConfig`,
+`tune.FailureConfig`, `tune.with_resources`, `tune.with_parameters`, `tune.Callback`.
 """
 from __future__ import annotations
 
