@@ -1,0 +1,190 @@
+"""A sweep on a real multi-node Ray cluster on this machine: a head that runs no trial and three one-CPU worker
+nodes, each its own raylet and object store (Ray's `ray.cluster_utils.Cluster`, on free ports, in a temp dir of
+its own).
+
+The driver is the command a user types (`sweeps/arxiv_grid.py --address <head>`), in its own process; the test
+kills the worker node a trial is running on once that trial has reported its first epoch, as a cluster losing a
+machine would. The sweep must end complete: every trial ok, one MLflow child run per trial with each epoch once,
+the lost trial finished from its checkpoint on another node and tagged with that node, and every trial's numbers
+those of an uninterrupted training of the same configuration in this process.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import REPO, free_port, subprocess_env
+from pefusion import record as R
+
+pytestmark = pytest.mark.subprocess_ray
+
+# 8 epochs (early stopping can end a trial at epoch 5 at the earliest, patience 4): a trial reports its first epoch
+# seconds before its last, so the node under it is removed mid-trial.
+EPOCHS = 8
+GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", str(EPOCHS), "--pe-types", "sinusoidal",
+        "--fusions", "add,concat", "--seeds", "0,1", "--no-dashboard", "-q"]
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """A head node with no CPU (the driver and Tune run there, never a trial: every trial gets the corpus from
+    another node's object store) and three one-CPU worker nodes. Three, not two: after one is lost, two nodes still
+    hold trials that never moved (a node that joins later is not enough: Tune gives the pending trials to the actors
+    it already has, which start them seconds before a fresh node's first worker has imported torch).
+
+    Kept off anything else on the machine: the head's GCS and dashboard agent on free ports (never 6379/52365),
+    RAY_TMPDIR a short temp dir of its own (the nodes' session dirs, and the `ray_current_cluster` file Ray writes
+    for `address="auto"`, which must not point a user's `ray.init()` at this cluster). Torn down through the
+    Cluster's own handles: only the processes of the nodes it started are killed.
+    """
+    import ray
+    from ray.cluster_utils import Cluster
+
+    temp = Path(tempfile.mkdtemp(prefix="pfn-"))  # short: Ray's socket paths must fit in 107 bytes
+    monkeypatch.setenv("RAY_TMPDIR", str(temp))
+    cluster = Cluster()
+    try:
+        cluster.add_node(num_cpus=0, gcs_server_port=free_port(), dashboard_agent_listen_port=free_port(),
+                         include_dashboard=False)
+        workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
+        cluster.wait_for_nodes()
+        yield cluster, workers
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _reports(trial_dir: Path) -> list[dict]:
+    """What Tune stored of a trial's reports so far (result.json; a line being written is skipped)."""
+    path = trial_dir / "result.json"
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+def _training_on(exp_dir: Path, node_id: str) -> Path | None:
+    """The trial directory of a trial that has reported an epoch from `node_id` and has not finished."""
+    for trial_dir in exp_dir.glob("pefusion_trainable_*"):
+        reports = _reports(trial_dir)
+        if any(r.get(R.NODE) == node_id and R.EPOCH in r for r in reports) and not any(R.STATUS in r for r in reports):
+            return trial_dir
+    return None
+
+
+def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_preset, cluster):
+    import ray
+    from mlflow.tracking import MlflowClient
+
+    from pefusion.data.corpus import load_corpus
+    from pefusion.fusion.config import split_trial_config
+    from pefusion.fusion.training import train_and_evaluate
+
+    cluster, (_, victim, _) = cluster
+    storage, db = tmp_path / "shared_storage", tmp_path / "mlflow.db"
+    exp_dir = storage / "nodes"
+    log_path = tmp_path / "driver.log"
+    started = time.time()
+    with log_path.open("w") as log:
+        driver = subprocess.Popen(
+            [sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *GRID, "--address", cluster.address,
+             "--name", "nodes", "--storage-path", str(storage), "--tracking-uri", f"sqlite:///{db}",
+             "--cache-dir", str(cache_dir)],
+            cwd=tmp_path, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        # Lose the node under a running trial, once that trial has a checkpoint (its first epoch).
+        deadline = time.time() + 180
+        while (lost_dir := _training_on(exp_dir, victim.node_id)) is None:
+            assert driver.poll() is None, "the sweep ended before a trial ran on the node:\n" + log_path.read_text()
+            assert time.time() < deadline, "no trial reported from the node:\n" + log_path.read_text()[-3000:]
+            time.sleep(0.05)
+        cluster.remove_node(victim, allow_graceful=False)  # SIGKILL: a machine lost, not a drained node
+        driver.wait(timeout=240)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    out = log_path.read_text()
+    assert driver.returncode == 0, out[-5000:]
+    assert "4 trials, 4 ok, 0 failed" in out, out[-5000:]
+    duration = time.time() - started
+
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+    deadline = time.time() + 60  # Ray marks a lost node dead after missed health checks (~15 s)
+    while (nodes := {n["NodeID"]: n["Alive"] for n in ray.nodes()})[victim.node_id] and time.time() < deadline:
+        time.sleep(0.5)
+    assert nodes[victim.node_id] is False and sum(nodes.values()) == 3  # the head and two workers
+
+    client = MlflowClient(f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("pe-fusion")
+    (parent,) = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
+    assert parent.info.status == "FINISHED" and parent.data.tags[R.TAG_RAY_ADDRESS] == cluster.address
+    children = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_PARENT}` = '{parent.info.run_id}'")
+    by_trial = {c.data.tags[R.TAG_TRIAL_ID]: c for c in children}
+    assert len(children) == len(by_trial) == 4, "one child run per trial, no duplicate after the node loss"
+    rows = pd.read_csv(tmp_path / "results" / "nodes_results_by_seed.csv")
+    assert sorted(rows["trial_id"]) == sorted(by_trial) and set(rows[R.STATUS]) == {R.STATUS_OK}
+
+    # 1. trials ran on more than one node, each tag a node of this cluster, the CSV agreeing with the tags
+    tags = {t: c.data.tags[R.TAG_NODE] for t, c in by_trial.items()}
+    assert len(set(tags.values())) >= 2, tags
+    assert set(tags.values()) <= set(nodes), (tags, nodes)
+    assert dict(zip(rows["trial_id"], rows[R.NODE])) == tags
+
+    # 4. the node really went mid-trial: the lost trial reported epochs from it, then went on from its checkpoint
+    # (not from epoch 1) on another node, where it finished; its tag names that node
+    lost = _reports(lost_dir)
+    lost_id = lost[-1]["trial_id"]
+    n_before = sum(r.get(R.NODE) == victim.node_id for r in lost)
+    before, after = lost[:n_before], lost[n_before:]
+    assert before and all(r.get(R.NODE) == victim.node_id and R.STATUS not in r for r in before), lost
+    assert after and all(r[R.NODE] == after[0][R.NODE] != victim.node_id for r in after), lost
+    assert 2 <= after[0][R.EPOCH] <= before[-1][R.EPOCH] + 1, [(r.get(R.EPOCH), r[R.NODE][:8]) for r in lost]
+    assert after[-1][R.STATUS] == R.STATUS_OK and tags[lost_id] == after[-1][R.NODE] and nodes[tags[lost_id]]
+
+    # 3. results in the storage folder every node wrote to: each trial's directory holds its reports and its last
+    # checkpoint (the final record, the node that wrote it)
+    for trial_id, run in by_trial.items():
+        (trial_dir,) = [d for d in exp_dir.glob("pefusion_trainable_*") if _reports(d)[-1]["trial_id"] == trial_id]
+        (checkpoint,) = trial_dir.glob("checkpoint_*")
+        record = json.loads((checkpoint / "record.json").read_text())
+        assert record[R.NODE] == tags[trial_id] and record[R.TEST_ACC] == pytest.approx(run.data.metrics[R.TEST_ACC])
+        assert (checkpoint / R.ARTIFACT_CHECKPOINT_DIR / "model.pt").exists()
+
+    # 2. every node had the same corpus (object store), and the resumed trial lost nothing: each trial's epochs
+    # and test accuracy are those of the same configuration trained here without interruption (one thread, as in
+    # the trial); each child FINISHED with every epoch's train_loss logged once, at steps 1..epochs_run
+    preset = dataclasses.replace(smoke_preset, train=dataclasses.replace(smoke_preset.train, max_epochs=EPOCHS))
+    corpus = load_corpus(preset.data)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for row in rows.itertuples():
+            run = by_trial[row.trial_id]
+            assert run.info.status == "FINISHED"
+            losses: list[float] = []
+            config = {R.PE_TYPE: row.pe_type, R.FUSION: row.fusion, R.SEED: int(row.seed)}
+            record = train_and_evaluate(*split_trial_config(config, preset), corpus,
+                                        length_edges=preset.data.length_edges,
+                                        on_epoch=lambda m, _: losses.append(m[R.TRAIN_LOSS]))
+            history = client.get_metric_history(run.info.run_id, R.TRAIN_LOSS)
+            assert sorted(m.step for m in history) == list(range(1, int(run.data.metrics[R.EPOCHS_RUN]) + 1)), row
+            assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx(losses, rel=1e-6)
+            assert row.test_acc == pytest.approx(record[R.TEST_ACC]) and row.epochs_run == record[R.EPOCHS_RUN]
+    finally:
+        torch.set_num_threads(threads)
+    print(f"sweep with a node lost: {duration:.0f} s")
