@@ -77,19 +77,27 @@ def _ray_configs(experiment: Path) -> dict[str, dict]:
     return configs
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, cache_dir) -> SimpleNamespace:
+    """The GRID sweep run to its end without interruption (and with -q), once for both signals."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    db = folder / "full.db"
+    proc = _run(folder, [*GRID, "--name", "full", "-q", "--tracking-uri", f"sqlite:///{db}",
+                         "--cache-dir", str(cache_dir)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return SimpleNamespace(db=db, csv=folder / "results" / "full_results_by_seed.csv", stdout=proc.stdout)
+
+
 @pytest.mark.subprocess_ray
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, cache_dir, sig):
+def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, cache_dir, uninterrupted, sig):
     """The first Ctrl-C (or SIGTERM) mid-sweep: exit 130 and one line with the exact --resume command; the CSV
     lists every trial Tune made with its own configuration, nothing unfinished as finished (no 'stopped'), the
     unfinished runs and the parent not FINISHED. The printed command then ends with the CSV and MLflow of an
     uninterrupted sweep, timing aside: the same child runs, FINISHED, with the same values and each epoch once.
     A sweep run with -q prints no progress line; the interrupted one printed one per trial end."""
-    full_db, cut_db = tmp_path / "full.db", tmp_path / "cut.db"
-    full = _run(tmp_path, [*GRID, "--name", "full", "-q", "--tracking-uri", f"sqlite:///{full_db}",
-                           "--cache-dir", str(cache_dir)])
-    assert full.returncode == 0, full.stderr[-3000:]
-    assert not re.search(r"^\[\d\d:\d\d:\d\d\]", full.stdout, re.M), full.stdout
+    full_db, cut_db = uninterrupted.db, tmp_path / "cut.db"
+    assert not re.search(r"^\[\d\d:\d\d:\d\d\]", uninterrupted.stdout, re.M), uninterrupted.stdout
 
     args = [*GRID, "--name", "cut", "--tracking-uri", f"sqlite:///{cut_db}", "--cache-dir", str(cache_dir)]
     driver = _start(tmp_path, args)
@@ -132,7 +140,7 @@ def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, c
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     pd.testing.assert_frame_equal(_comparable(tmp_path / "results" / "cut_results_by_seed.csv"),
-                                  _comparable(tmp_path / "results" / "full_results_by_seed.csv"))
+                                  _comparable(uninterrupted.csv))
     ref, got = _mlflow(full_db), _mlflow(cut_db)
     assert got["parent"].info.status == "FINISHED" and set(got["children"]) == set(ref["children"])
     for key, want in ref["children"].items():
@@ -307,7 +315,7 @@ def test_progress_line_counts_trials_and_estimates_the_time_left(capsys):
     this driver's ended trials, the trial's main metric."""
     from ray.tune.experiment import Trial
 
-    from pefusion.sweep.tuner import LiveSweep
+    from pefusion.sweep.live import LiveSweep
 
     live = LiveSweep(recorder=SimpleNamespace(later=lambda *a, **k: None), static_params={},
                      run_name=lambda config: f"s{config['seed']}", progress_metric=R.TEST_ACC, total=10)

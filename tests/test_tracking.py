@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from pefusion import record as R
 from pefusion.sweep.tracking import SweepRecorder
-from pefusion.sweep.tuner import LiveSweep
+from pefusion.sweep.live import LiveSweep
 
 FINAL = {R.STATUS: R.STATUS_OK, R.TEST_ACC: 0.75, R.EPOCHS_RUN: 2}
 

@@ -28,7 +28,8 @@ import pandas as pd
 from pefusion import record as R
 from pefusion.errors import SweepInterrupted
 from pefusion.sweep.space import SearchSpace, to_tune
-from pefusion.sweep.tuner import LiveSweep, SweepOptions, catching_errors, result_rows, run_tune
+from pefusion.sweep.live import LiveSweep, result_rows
+from pefusion.sweep.tuner import SweepOptions, catching_errors, run_tune
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """MLflow tracking for sweeps: one experiment per study, one parent run per sweep, one child run per trial.
 
-Only the sweep driver talks to MLflow (the Tune callback in `pefusion.sweep.tuner` forwards trial events here), so a
-sqlite store never sees concurrent writers and trials on cluster nodes need no route to the tracking server.
+Only the sweep driver talks to MLflow (`pefusion.sweep.live` forwards Tune's trial events here), so a sqlite
+store never sees concurrent writers and trials on cluster nodes need no route to the tracking server.
 Every lookup is by tag, never by in-memory state, so a driver restarted with `--resume` finds the runs it made
 before and never duplicates a child run.
 
