@@ -3,6 +3,7 @@ RUNNING once the sweep is resumed (the SIGKILL test in test_sweep_processes.py h
 here each one is set up on purpose on a real sqlite store)."""
 from __future__ import annotations
 
+import json
 import pickle
 from types import SimpleNamespace
 
@@ -104,3 +105,22 @@ def test_final_val_acc_is_the_runs_value_and_a_redone_finish_logs_it_once(record
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.metrics[R.VAL_ACC] == 0.8
     assert sorted(m.step for m in client.get_metric_history(run_id, R.VAL_ACC)) == [1, 2, 3]
+
+
+def test_a_trial_whose_writes_were_all_lost_is_written_from_what_ray_stored(recorder, tmp_path):
+    """A driver stopped while the tracking server was away loses its queued writes: a trial Ray finished may have
+    no MLflow run at all. The resumed driver makes it from Ray's stored results: every epoch, the final record."""
+    from pyarrow import fs
+
+    folder = tmp_path / "trial"
+    folder.mkdir()
+    epochs = [{R.EPOCH: e, R.TRAIN_LOSS: 1.0 / e, R.VAL_ACC: 0.5 + e / 10} for e in (1, 2)]
+    (folder / "result.json").write_text("\n".join(json.dumps(r) for r in [*epochs, {**FINAL, R.EPOCH: 2}]) + "\n")
+    trial = _trial("lost")
+    trial.storage = SimpleNamespace(storage_filesystem=fs.LocalFileSystem(), trial_fs_path=str(folder))
+    callback = _restarted(recorder)
+    callback.end([trial])
+    (run,) = recorder.client.search_runs([recorder.experiment_id], f"tags.`{R.TAG_TRIAL_ID}` = 'lost'")
+    assert run.info.status == "FINISHED" and run.data.metrics[R.TEST_ACC] == 0.75
+    history = recorder.client.get_metric_history(run.info.run_id, R.TRAIN_LOSS)
+    assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.5)]

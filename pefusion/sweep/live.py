@@ -174,9 +174,11 @@ class LiveSweep:
         self.trials = snapshot
 
     def _reconcile(self, trial: Trial) -> None:
-        if trial.trial_id not in self.recorder.unfinished_trials():
-            return
+        # Its run may be RUNNING (a driver killed mid-finish), or missing altogether (the writes queued for it
+        # were lost with a driver stopped while the tracking server was away): either way, write it from Ray.
         self.recorder.trial_run(trial.trial_id, {**self.static_params, **trial.config}, self.run_name(trial.config))
+        if self.recorder.is_done(trial.trial_id):
+            return
         self._backfill(trial.trial_id, _stored_epochs(trial))
         if trial.status == Trial.TERMINATED:
             final = _final(trial)

@@ -294,6 +294,10 @@ class SweepRecorder:
         self._runs[trial_id] = run_id
         return run_id
 
+    def is_done(self, trial_id: str) -> bool:
+        """Whether the trial's run was closed with its final status (before this driver, or by it)."""
+        return self._runs.get(trial_id) in self._done
+
     def tag_trial(self, trial_id: str, tags: Mapping[str, Any]) -> None:
         run_id = self._runs[trial_id]
         for k, v in tags.items():
