@@ -29,7 +29,7 @@ from pefusion import record as R
 from pefusion.errors import SweepInterrupted
 from pefusion.sweep.space import SearchSpace, to_tune
 from pefusion.sweep.live import LiveSweep, result_rows
-from pefusion.sweep.tuner import SweepOptions, catching_errors, run_tune
+from pefusion.sweep.tuner import SweepOptions, catching_errors, check_local_request, run_tune
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,7 @@ def validate(study: StudySweep) -> int:
 def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "results") -> SweepResult:
     """Run (or with `opts.resume` continue) one sweep and write its results; see the module docstring."""
     validate(study)
+    check_local_request(opts)
     shipped = study.ship()
     line = study.describe(shipped)
     if line:

@@ -149,16 +149,30 @@ def unfit_request(cpus: float, gpus: float, nodes: list[Mapping[str, float]], *,
     return None
 
 
-def check_resources(opts: SweepOptions, *, started_here: bool) -> None:
-    """Refuse, before any trial starts, a per-trial request that no node of the cluster can ever hold (Ray would
+def local_node(opts: SweepOptions) -> dict[str, float]:
+    """What the local cluster this command would start declares: --num-cpus/--num-gpus, else this machine's."""
+    gpus = opts.num_gpus
+    if gpus is None:
+        import torch  # Ray counts the GPUs CUDA shows; torch asks the same driver without starting a cluster
+
+        gpus = torch.cuda.device_count()
+    return {"CPU": float(opts.num_cpus or os.cpu_count() or 1), "GPU": float(gpus)}
+
+
+def check_local_request(opts: SweepOptions) -> None:
+    """The resource check of a local cluster this command is about to start, before the data loads and Ray
+    starts (a joined cluster is checked once joined: only then are its nodes known)."""
+    if not opts.address and not ray.is_initialized():
+        check_resources(opts, [local_node(opts)])
+
+
+def check_resources(opts: SweepOptions, nodes: list[Mapping[str, float]]) -> None:
+    """Refuse, before any trial starts, a per-trial request that no node of `nodes` can ever hold (Ray would
     wait for it forever); with `--autoscaling` the wait is the cluster's to end."""
     if opts.autoscaling:
         return
-    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     why = unfit_request(opts.cpus_per_trial, opts.gpus_per_trial, nodes, local=not opts.address)
     if why:
-        if started_here:
-            ray.shutdown()  # only what this command started
         raise ConfigError(why + ("" if not opts.address else " (pass --autoscaling if the cluster adds nodes)"))
 
 
@@ -202,7 +216,12 @@ def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOpt
         raise ConfigError(f"experiment {exp_path} exists: pass --resume to continue it, or another --name")
     started_here = not ray.is_initialized()
     dashboard = start_ray(opts)
-    check_resources(opts, started_here=started_here)
+    try:  # what the cluster really has (a joined one, or a sweep inside a running ray.init)
+        check_resources(opts, [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")])
+    except ConfigError:
+        if started_here:
+            ray.shutdown()  # only what this command started
+        raise
     recorder = SweepRecorder(uri, opts.experiment, opts.sweep, exp_path)
     recorder.tag_parent({R.TAG_RAY_ADDRESS: opts.address or "local", R.TAG_COMMAND: opts.command, **opts.tags})
     if dashboard and opts.verbose:
