@@ -128,6 +128,10 @@ def _finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+# The write the writer thread is making (`_Writer`): `queued_ms`, when it was handed to `later`.
+_WRITE = threading.local()
+
+
 # Substrings of the errors of a store that is away for a while (server down or restarting, network, a locked
 # sqlite file): such a write is retried until it succeeds. Any other error is a bug and is reported, not retried.
 _UNREACHABLE = ("Max retries exceeded", "Connection refused", "Connection aborted", "Failed to establish",
@@ -150,6 +154,10 @@ class _Writer:
     Why a thread: MLflow's client retries a dead server for minutes inside the call, and the Tune callbacks run in
     the driver's loop, so every trial would stall behind it. Here the loop only enqueues; an outage costs time
     on this thread, never a write (each is retried, with a back-off up to 30 s, until the store answers).
+
+    A retried write is the whole op again, so every op must leave the same records when redone after any of its
+    requests failed: one refused (never reached the server) or one whose answer was lost (the server made it).
+    The recorder's writes are made so (`trial_run`, `finish_trial`, `_log_metrics`).
     """
 
     RETRY_MAX_S = 30.0
@@ -161,7 +169,7 @@ class _Writer:
         threading.Thread(target=self._loop, name="pefusion-mlflow-writer", daemon=True).start()
 
     def put(self, op: Callable[[], None]) -> None:
-        self._queue.put(op)
+        self._queue.put((op, int(time.time() * 1000)))
 
     @property
     def pending(self) -> int:
@@ -169,7 +177,7 @@ class _Writer:
 
     def _loop(self) -> None:
         while True:
-            op = self._queue.get()
+            op, _WRITE.queued_ms = self._queue.get()
             delay = 1.0
             while True:
                 try:
@@ -273,6 +281,11 @@ class SweepRecorder:
                              f"tags.`{R.TAG_TRIAL_ID}` = '{trial_id}'")
         if found:
             run_id = found[0].info.run_id
+            # A retry of this write after `create_run` reached the server (its params, or only its answer, did
+            # not: the server went away in between) finds the run here; without this it kept no params.
+            missing = {k: v for k, v in params.items() if k not in found[0].data.params}
+            if missing:
+                self._log_params(run_id, missing)
             history = self.client.get_metric_history(run_id, R.VAL_ACC)
             self._last_step[run_id] = max((m.step for m in history), default=0)
             # Finished before a driver restart: leave it as it is. The status tag alone is not enough: a driver
@@ -333,8 +346,10 @@ class SweepRecorder:
 
     def _log_metrics(self, run_id: str, metrics: Mapping[str, Any], step: int = 0) -> None:
         from mlflow.entities import Metric
-        import time
-        now = int(time.time() * 1000)
+        # On the writer thread, the time the write was queued, the same on each retry: a batch the server made
+        # but whose answer was lost is then sent again identical, and the store keeps it once (it drops an exact
+        # duplicate of key, step, timestamp and value). With the time of each attempt, the epoch was logged twice.
+        now = getattr(_WRITE, "queued_ms", None) or int(time.time() * 1000)
         items = [Metric(k, v, now, step) for k, v in _finite_metrics(metrics).items()]
         for i in range(0, len(items), 500):
             self.client.log_batch(run_id, metrics=items[i:i + 500])
@@ -345,7 +360,6 @@ class SweepRecorder:
         run_id = self._runs[trial_id]
         if run_id in self._done:
             return
-        self._done.add(run_id)
         status = str(record.get(R.STATUS, R.STATUS_OK))
         self._log_metrics(run_id, {k: v for k, v in record.items() if k not in R.EPOCH_METRICS}, step)
         self._log_final_val_acc(run_id, record)
@@ -355,6 +369,10 @@ class SweepRecorder:
         if artifact_dir:
             self.client.log_artifacts(run_id, artifact_dir)
         self.client.set_terminated(run_id, status="FINISHED" if status in R.SUCCESS_STATUSES else "FAILED")
+        # Only now: the writer redoes a finish cut by an outage, and marked done before its writes the redo
+        # returned at once (no final metrics, no checkpoint, the run left RUNNING). Redone, each write is kept
+        # once: the metrics are identical (`_log_metrics`), the final val_acc is guarded by its step.
+        self._done.add(run_id)
 
     def _log_final_val_acc(self, run_id: str, record: Mapping[str, Any]) -> None:
         """The restored best checkpoint's `val_acc` once more, at step = epochs_run + 1.
