@@ -25,8 +25,12 @@ def resolve_preset(args: argparse.Namespace) -> Preset:
     """The preset, shrunk by --smoke, then the command line's data, length and epoch flags (validated)."""
     preset = PRESETS[args.preset]
     data_over: dict = {}
-    if args.synthetic:
+    if args.synthetic or args.synthetic_task:
         data_over["synthetic"] = True
+    if args.synthetic_task:
+        if args.data_dir or args.dataset:
+            raise ConfigError("--synthetic-task picks a bundled synthetic corpus: drop it, or drop --data-dir/--dataset")
+        data_over["synthetic_task"] = args.synthetic_task
     if args.data_dir:
         if not Path(args.data_dir).is_dir():
             raise ConfigError(f"--data-dir {args.data_dir} is not a directory; it must hold train, validation and "

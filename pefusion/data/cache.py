@@ -37,7 +37,7 @@ def source_identity(cfg: DataConfig) -> dict[str, Any]:
         from pefusion.data import synthetic as synthetic_corpus
 
         return {"kind": "synthetic", "generator": synthetic_corpus.GENERATOR_VERSION,
-                "settings": synthetic_corpus.default_settings(),
+                "settings": synthetic_corpus.default_settings(cfg.synthetic_task),
                 "sizes": [cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_test], "seed": cfg.synthetic_seed}
     columns = [cfg.text_column, cfg.label_column]
     if cfg.data_dir:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pefusion.errors import ConfigError, check_positive
+from pefusion.data.synthetic import TASKS as SYNTHETIC_TASKS
+from pefusion.errors import ConfigError, check_choice, check_positive
 
 DEFAULT_DATASET = "ccdv/arxiv-classification"
 DEFAULT_LENGTH_EDGES = (512, 1024, 2048, 4096)
@@ -33,10 +34,12 @@ class DataConfig:
     synthetic_val: int = 500
     synthetic_test: int = 500
     synthetic_seed: int = 0
+    synthetic_task: str = "order"  # which synthetic task (pefusion.data.synthetic.TASKS)
 
     def __post_init__(self) -> None:
         for key in ("max_len", "min_freq", "max_vocab", "synthetic_train", "synthetic_val", "synthetic_test"):
             check_positive(key, getattr(self, key))
+        check_choice("synthetic_task", self.synthetic_task, SYNTHETIC_TASKS)
         edges = tuple(int(e) for e in self.length_edges)
         if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] <= 0:
             raise ConfigError(f"length_edges={self.length_edges!r} must be positive and strictly increasing")
@@ -46,7 +49,7 @@ class DataConfig:
     def source_name(self) -> str:
         """Short dataset name recorded with every trial (the `dataset` param)."""
         if self.synthetic:
-            return "synthetic"
+            return "synthetic" if self.synthetic_task == "order" else f"synthetic-{self.synthetic_task}"
         if self.data_dir:
             return self.data_dir.rstrip("/").split("/")[-1] or self.data_dir
         return self.dataset

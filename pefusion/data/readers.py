@@ -306,7 +306,7 @@ def _read_synthetic(cfg: DataConfig) -> dict[str, RawSplit]:
     from pefusion.data.synthetic import generate_synthetic_corpus
 
     corpus = generate_synthetic_corpus(cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_test,
-                                       seed=cfg.synthetic_seed)
+                                       seed=cfg.synthetic_seed, task=cfg.synthetic_task)
     return {split: _clean([d["text"] for d in docs], [d["label"] for d in docs], f"synthetic:{split}")
             for split, docs in corpus.items()}
 
