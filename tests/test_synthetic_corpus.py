@@ -200,12 +200,14 @@ def _resolve(argv: list[str]):
 def test_synthetic_task_flag_and_preset_key(tmp_path):
     from pefusion.errors import ConfigError
 
-    assert _resolve(["--synthetic"]).synthetic_task == "order"  # every preset but demo keeps the order task
+    assert _resolve(["--synthetic"]).synthetic_task == "order"  # every preset keeps the order task
     data = _resolve(["--synthetic-task", "relative"])
     assert data.synthetic and data.synthetic_task == "relative" and data.source_name == "synthetic-relative"
-    assert _resolve(["--preset", "demo"]).synthetic_task == "spread"
+    assert _resolve(["--preset", "demo"]).synthetic_task == "order"
+    assert _resolve(["--preset", "demo", "--synthetic-task", "spread"]).source_name == "synthetic-spread"
     assert _resolve(["--preset", "demo", "--synthetic-task", "order"]).source_name == "synthetic"
-    with pytest.raises(ConfigError, match="^synthetic_task='bogus' is not allowed; choose one of: order, spread, relative$"):
+    with pytest.raises(ConfigError,
+                       match="^synthetic_task='bogus' is not allowed; choose one of: order, spread, relative$"):
         _resolve(["--synthetic-task", "bogus"])
     with pytest.raises(ConfigError, match="drop --data-dir/--dataset"):
         _resolve(["--synthetic-task", "spread", "--data-dir", str(tmp_path)])
