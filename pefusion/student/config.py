@@ -62,15 +62,16 @@ LINEAR_LR, LINEAR_EPOCHS, LINEAR_WEIGHT_DECAY = 0.5, 200, 1e-4
 class StudentConfig:
     """One point of the student study: data (d, L, σ, ω, A, α, seed), student (r, init) and optimiser."""
 
+    # the teacher's data: token dimension, tokens per sample, token std, positional weight, positional matrix
     d: int = 1000
     L: int = 2
     sigma: float = 0.5
     omega: float = 0.3
     teacher_A: str = "default"
-    r: int = 1
-    alpha: float = 2.0
-    lam: float = 0.01
-    init: str = "semantic"
+    r: int = 1  # rank of Q, the teacher's and the student's
+    alpha: float = 2.0  # samples per dimension, n = α d
+    lam: float = 0.01  # weight decay λ
+    init: str = "semantic"  # where the student starts: the semantic or the positional solution, or random
     seed: int = 0
     optim: str = "gd"
     lr: float | None = None  # None: the optimiser's default (0.15 GD, 0.01 Adam)
