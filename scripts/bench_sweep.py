@@ -1,12 +1,7 @@
-"""Benchmark the sweep engine: a grid on Ray Tune with N concurrent one-CPU trials against the same trials run one
-after another in one process (the naive way), and Ray's per-trial scheduling overhead.
+"""Sweep-engine benchmark: a grid on Ray Tune against the same trials one after another, and Ray's overhead per
+trial. The benchmark lives in benchmarks/sweep.py; `--help` says what it measures.
 
-    python scripts/bench_sweep.py --preset demo                         # the whole demo grid (60 trials)
-    python scripts/bench_sweep.py --preset demo --seeds 0 --json        # 20 trials, one JSON line
-
-Prints wall-clock seconds of both, their ratio (sequential / Ray), and the overhead per trial:
-(Ray wall × concurrency − Σ time inside the trials) / trials, i.e. what scheduling, process start-up, result
-reporting, checkpointing and MLflow logging add to each trial.
+    python scripts/bench_sweep.py --preset demo --seeds 0 --json
 """
 import sys
 from pathlib import Path

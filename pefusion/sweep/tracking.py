@@ -325,11 +325,6 @@ class SweepRecorder:
         self.client.set_tag(run_id, R.TAG_STATUS, R.STATUS_INTERRUPTED)
         self.client.set_terminated(run_id, status="KILLED")
 
-    def unfinished_trials(self) -> set[str]:
-        """Trial ids whose child run is still RUNNING (one query), e.g. after a driver was killed mid-finish."""
-        runs = self._search(f"tags.`{R.TAG_PARENT}` = '{self.parent_run_id}' and attributes.status = 'RUNNING'")
-        return {r.data.tags[R.TAG_TRIAL_ID] for r in runs if R.TAG_TRIAL_ID in r.data.tags}
-
     def _log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
         items = [Param(k, str(v)[:MLFLOW_PARAM_MAX]) for k, v in params.items()]
