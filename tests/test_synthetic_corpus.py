@@ -164,7 +164,7 @@ def test_num_classes_is_checked():
 
 
 @pytest.mark.parametrize("task,pe_type,fusion,n_train,epochs,low,high", [
-    ("spread", "learned", "concat", 1200, 10, 0.45, 1.0), ("spread", "none", "add", 1200, 10, 0.15, 0.35),
+    ("spread", "learned", "concat", 900, 8, 0.45, 1.0), ("spread", "none", "add", 900, 8, 0.15, 0.35),
     ("relative", "sinusoidal", "concat", 2000, 15, 0.60, 1.0), ("relative", "none", "add", 2000, 10, 0.15, 0.35),
 ])
 def test_new_tasks_need_position_information(cache_dir, task, pe_type, fusion, n_train, epochs, low, high):
