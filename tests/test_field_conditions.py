@@ -183,6 +183,23 @@ def test_a_request_no_node_can_hold_exits_2_in_one_line(tmp_path, cache_dir, fla
 
 
 @pytest.mark.subprocess_ray
+def test_a_tracking_store_that_cannot_be_opened_ends_the_sweep_in_one_line(tmp_path, cache_dir):
+    """The store is opened while Ray starts the trials (`SweepRecorder(wait=False)`): one that cannot be used
+    (here a file that is not a database) still ends the command with one line and exit 2, not a traceback
+    from the writer thread, and no trial outlives it."""
+    db = tmp_path / "m.db"
+    db.write_text("not a database\n")
+    proc = _run(tmp_path, ["--preset", "arxiv", "--synthetic", "--smoke", "--no-dashboard",
+                           "--tracking-uri", f"sqlite:///{db}", "--cache-dir", str(cache_dir)], timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [f"error: cannot use the MLflow tracking store sqlite:///{db}: (sqlite3.DatabaseError) file "
+                      f"is not a database"], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "MLflow write skipped" not in proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.subprocess_ray
 def test_autoscaling_waits_for_the_request_instead_of_refusing_it(tmp_path, cache_dir):
     """With --autoscaling the same request passes the check and waits for a node (Ray's to provide); Ctrl-C
     then stops it like any sweep: exit 130 with its --resume line, the trial pending."""

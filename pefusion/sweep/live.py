@@ -61,6 +61,7 @@ class LiveSweep:
 
     # --- Tune events (driver thread; MLflow writes go to the recorder's writer thread) ---------------------------
     def start(self, trial: Trial) -> None:
+        self.recorder.wait_open()  # Tune started the trial's process meanwhile; a store that can't be used ends here
         self.ran.add(trial.trial_id)
         params = {**self.static_params, **trial.config}
         self.recorder.later(self.recorder.trial_run, trial.trial_id, params, self.run_name(trial.config))

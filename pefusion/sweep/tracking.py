@@ -218,35 +218,70 @@ class SweepRecorder:
     order) and the driver calls `flush` before it reads or finishes anything.
     """
 
-    def __init__(self, uri: str, experiment: str, sweep: str, sweep_path: str) -> None:
+    def __init__(self, uri: str, experiment: str, sweep: str, sweep_path: str,
+                 tags: Mapping[str, Any] | None = None, *, wait: bool = True, announce: bool = False) -> None:
+        """Open the sweep's parent run (found again by tag when resumed, or created) with `tags`, on the writer
+        thread. `wait=False` returns at once: opening a store takes seconds (importing MLflow, creating or
+        migrating a sqlite database), which then overlap Ray's start of the first trials; the writes queued
+        after it wait for it, and `wait_open` is where the driver waits. `announce` prints where it writes."""
         self.uri, self.experiment, self.sweep, self.sweep_path = uri, experiment, sweep, sweep_path
         # The writer thread retries an unreachable server itself (with no end), so MLflow's own retries (7 with
         # a doubling back-off, minutes per call) would only delay noticing the outage.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-        self.experiment_id = ensure_experiment(uri, experiment)
+        self.experiment_id = self.parent_run_id = ""
+        self.open_error: str | None = None  # why the store could not be used (the writes after it are dropped)
+        self._opened = threading.Event()
         self._runs: dict[str, str] = {}  # trial id -> run id
         self._last_step: dict[str, int] = {}  # run id -> last epoch logged (skip replays after resume)
         self._done: set[str] = set()  # run ids whose trial already finished (a resume re-reports them)
         self._writer: _Writer | None = None
-        self.parent_run_id = self._find_or_create_parent()
+        self.later(self._open, dict(tags or {}), announce)
+        if wait:
+            self.wait_open()
+
+    def _open(self, tags: Mapping[str, Any], announce: bool) -> None:
+        try:
+            self.experiment_id = ensure_experiment(self.uri, self.experiment)
+            self.parent_run_id = self._find_or_create_parent()
+            self.tag_parent(tags)
+        except Exception as exc:  # noqa: BLE001
+            if is_unreachable(exc):
+                raise  # the writer waits for the store, then opens it
+            line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            self.open_error = f"cannot use the MLflow tracking store {self.uri}: {line}"
+        self._opened.set()
+        if announce and self.open_error is None:
+            print(f"MLflow: {self.uri}  experiment '{self.experiment}', parent run {self.parent_run_id}", flush=True)
+
+    def wait_open(self) -> None:
+        """Wait until the parent run is open; a store that cannot be used ends here in one line (TrackingError)."""
+        self._opened.wait()
+        if self.open_error is not None:
+            raise TrackingError(self.open_error)
 
     def __getstate__(self) -> dict:  # Tune pickles callbacks with the experiment; MLflow state is rebuilt
         return {k: self.__dict__[k] for k in ("uri", "experiment", "sweep", "sweep_path", "experiment_id",
-                                              "parent_run_id")}
+                                              "parent_run_id", "open_error")}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _runs={}, _last_step={}, _done=set(), _writer=None)
+        self.__dict__.update(state, _runs={}, _last_step={}, _done=set(), _writer=None, _opened=threading.Event())
+        self._opened.set()
 
     @property
     def client(self):
         return mlflow_client(self.uri)
 
     def later(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Make `fn(*args, **kwargs)` (a write of this recorder) on the writer thread, after those queued before."""
+        """Make `fn(*args, **kwargs)` (a write of this recorder) on the writer thread, after those queued before;
+        dropped if the store could not be opened."""
         if self._writer is None:
             self._writer = _Writer(self.uri)
-        self._writer.put(functools.partial(fn, *args, **kwargs))
+        self._writer.put(functools.partial(self._if_open, fn, *args, **kwargs))
+
+    def _if_open(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        if self.open_error is None:
+            fn(*args, **kwargs)
 
     def flush(self) -> None:
         """Wait for every write handed to `later` (through an outage, however long)."""

@@ -28,7 +28,7 @@ from pefusion import record as R
 from pefusion.errors import ConfigError
 from pefusion.sweep import live
 from pefusion.sweep.live import LiveSweep, TrialEvents, error_summary
-from pefusion.sweep.tracking import SweepRecorder, check_tracking, resolve_tracking_uri
+from pefusion.sweep.tracking import SweepRecorder, TrackingError, check_tracking, resolve_tracking_uri
 
 # Persist Tune's experiment state at least every second, so a driver killed with SIGKILL loses (almost) no
 # finished trial; the state file is tiny next to an epoch of training.
@@ -222,11 +222,11 @@ def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOpt
         if started_here:
             ray.shutdown()  # only what this command started
         raise
-    recorder = SweepRecorder(uri, opts.experiment, opts.sweep, exp_path)
-    recorder.tag_parent({R.TAG_RAY_ADDRESS: opts.address or "local", R.TAG_COMMAND: opts.command, **opts.tags})
     if dashboard and opts.verbose:
         print(f"Ray dashboard: {dashboard}  (token: `ray get-auth-token`)", flush=True)
-    print(f"MLflow: {uri}  experiment '{opts.experiment}', parent run {recorder.parent_run_id}", flush=True)
+    # Opened while Tune starts the trials' processes (both take seconds); a trial's first event waits for it.
+    recorder = SweepRecorder(uri, opts.experiment, opts.sweep, exp_path, wait=False, announce=True,
+                             tags={R.TAG_RAY_ADDRESS: opts.address or "local", R.TAG_COMMAND: opts.command, **opts.tags})
 
     sweep = live.begin(LiveSweep(recorder, dict(static_params or {}), run_name, progress_metric,
                                  progress=opts.progress))
@@ -251,7 +251,13 @@ def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOpt
         for name in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis"):
             logging.getLogger(name).setLevel(logging.ERROR)
     with _sigterm_as_ctrl_c():
-        tuner.fit()
+        try:
+            tuner.fit()
+        except Exception:
+            if recorder.open_error is not None:  # raised by the first trial event (`LiveSweep.start`)
+                raise TrackingError(recorder.open_error) from None
+            raise
+    recorder.wait_open()  # a resumed sweep with nothing left to run never waited for it
     recorder.flush()
     return sweep, exp_path
 
