@@ -1,0 +1,116 @@
+"""`--gpus-per-trial auto`: the packing decision (a pure function of peak, card, margin, context and cap), the flag,
+which trials the PE-fusion probe measures, and a real sweep on a machine without a GPU (printed line, parent tags)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, subprocess_env
+from pefusion import record as R
+from pefusion.errors import ConfigError
+
+GIB = 1024 ** 3
+
+
+def _pack(peak_gib: float, card_gib: float, extra_bytes: int = 0, **kw):
+    from pefusion.sweep.gpus import pack_trials
+
+    return pack_trials(int(peak_gib * GIB) + extra_bytes, int(card_gib * GIB), **kw)
+
+
+# --- the decision -------------------------------------------------------------------------------------------
+
+
+def test_exactly_filling_the_budget_fits_and_one_byte_more_does_not():
+    """(2.5 + 0.5 context) GiB per trial, 90 % of 10 GiB = 9 GiB: 3 trials fill it exactly; a byte more, 2."""
+    exact = _pack(2.5, 10)
+    assert (exact.per_card, exact.gpus_per_trial) == (3, 0.3333)
+    assert exact.reason.startswith("0.3333 GPU per trial, 3 trials per card: ")
+    over = _pack(2.5, 10, extra_bytes=1)
+    assert (over.per_card, over.gpus_per_trial) == (2, 0.5)
+
+
+def test_the_margin_is_left_free():
+    """2.5 GiB per trial on 10 GiB: 4 fit with no margin (10 GiB), 3 with 10 % (9 GiB)."""
+    assert _pack(2.0, 10, margin=0.0).per_card == 4
+    assert _pack(2.0, 10, margin=0.1).per_card == 3
+    assert _pack(2.0, 10, margin=0.25).per_card == 3  # 7.5 GiB
+    assert _pack(2.0, 10, margin=0.5).per_card == 2  # 5 GiB
+
+
+def test_each_trial_pays_its_cuda_context():
+    """2.25 GiB peaks in 9 GiB: 4 without a context, 3 with 0.5 GiB each (4 x 2.75 = 11 GiB)."""
+    assert _pack(2.25, 10, context_bytes=0).per_card == 4
+    assert _pack(2.25, 10, context_bytes=GIB // 2).per_card == 3
+
+
+def test_small_trials_are_capped_per_card():
+    """1 GiB per trial in 72 GiB: 72 would fit, 8 (the default cap) or the cap given share the card."""
+    capped = _pack(0.5, 80)
+    assert (capped.per_card, capped.gpus_per_trial) == (8, 0.125)
+    assert "72 would fit" in capped.reason
+    assert _pack(0.5, 80, max_per_card=5).gpus_per_trial == 0.2
+
+
+def test_a_trial_that_fits_alone_gets_a_whole_gpu():
+    whole = _pack(8.5, 10)  # 9 GiB of 9
+    assert (whole.per_card, whole.gpus_per_trial) == (1, 1.0)
+    assert whole.reason.startswith("1 GPU per trial, 1 trial per card: ")
+
+
+def test_a_trial_larger_than_the_card_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        _pack(8.5, 10, extra_bytes=1, trial="the rope/concat trial")
+    message = str(err.value)
+    assert "\n" not in message and "the rope/concat trial" in message and "--gpus-per-trial 1" in message
+
+
+# 1/K rounded down to Ray's resource unit (0.0001), by hand; rounding to nearest would give 0.1667 for K = 6,
+# and six trials of 0.1667 GPU would not fit on one card.
+RAY_FRACTIONS = {1: 1.0, 2: 0.5, 3: 0.3333, 4: 0.25, 5: 0.2, 6: 0.1666, 7: 0.1428, 8: 0.125}
+
+
+@pytest.mark.parametrize("k", sorted(RAY_FRACTIONS))
+def test_the_fraction_lets_exactly_k_trials_on_a_card(k):
+    packing = _pack(1.0, k, margin=0.0, context_bytes=0)
+    assert (packing.per_card, packing.gpus_per_trial) == (k, RAY_FRACTIONS[k])
+    assert k * packing.gpus_per_trial <= 1 < (k + 1) * packing.gpus_per_trial
+
+
+# --- what auto means on this machine ------------------------------------------------------------------------
+
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="the machine's own answer without a GPU")
+
+
+def _must_not_run(points):
+    pytest.fail("the probe ran")
+
+
+@cpu_only
+def test_auto_without_a_visible_gpu_means_no_gpu():
+    from pefusion.sweep.gpus import auto_packing
+
+    packing = auto_packing(_must_not_run, [{}], sweep="arxiv_grid", remote=False, declared_gpus=None)
+    assert (packing.per_card, packing.gpus_per_trial) == (0, 0.0)
+    assert packing.reason == "no GPU visible on this machine; trials run on CPU"
+
+
+@cpu_only
+def test_auto_joining_a_cluster_from_a_driver_without_a_gpu_asks_for_a_number():
+    from pefusion.sweep.gpus import auto_packing
+
+    with pytest.raises(ConfigError) as err:
+        auto_packing(_must_not_run, [{}], sweep="arxiv_grid", remote=True, declared_gpus=None)
+    assert "\n" not in str(err.value) and "--gpus-per-trial 0.25" in str(err.value)
+
+
+def test_auto_for_a_study_that_never_uses_a_gpu_or_a_cluster_declared_without_one_means_no_gpu():
+    from pefusion.sweep.gpus import auto_packing
+
+    student = auto_packing(None, [{}], sweep="lambda_cv", remote=True, declared_gpus=None)
+    assert (student.gpus_per_trial, student.reason) == (0.0, "the lambda_cv trials do not use a GPU; trials run on CPU")
+    declared = auto_packing(_must_not_run, [{}], sweep="arxiv_grid", remote=False, declared_gpus=0)
+    assert declared.gpus_per_trial == 0.0 and declared.reason.startswith("--num-gpus 0")
