@@ -114,3 +114,23 @@ def test_auto_for_a_study_that_never_uses_a_gpu_or_a_cluster_declared_without_on
     assert (student.gpus_per_trial, student.reason) == (0.0, "the lambda_cv trials do not use a GPU; trials run on CPU")
     declared = auto_packing(_must_not_run, [{}], sweep="arxiv_grid", remote=False, declared_gpus=0)
     assert declared.gpus_per_trial == 0.0 and declared.reason.startswith("--num-gpus 0")
+
+
+# --- the flag -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,value", [("auto", "auto"), ("AUTO", "auto"), ("0.25", 0.25), ("2", 2.0),
+                                        ("0", 0.0)])
+def test_the_flag_takes_a_number_or_auto(text, value):
+    from pefusion.cli.flags import gpus_per_trial
+
+    assert gpus_per_trial(text) == value
+
+
+@pytest.mark.parametrize("text", ["lots", "", "nan", "inf", "0.25,0.5", "autoo"])
+def test_the_flag_refuses_anything_else_in_one_line(text):
+    from pefusion.cli.flags import gpus_per_trial
+
+    with pytest.raises(ConfigError) as err:
+        gpus_per_trial(text)
+    assert "\n" not in str(err.value) and "'auto'" in str(err.value)
