@@ -134,3 +134,69 @@ def test_the_flag_refuses_anything_else_in_one_line(text):
     with pytest.raises(ConfigError) as err:
         gpus_per_trial(text)
     assert "\n" not in str(err.value) and "'auto'" in str(err.value)
+
+
+# --- the PE-fusion probe: which trials, which batches ------------------------------------------------------
+
+
+def test_the_probe_measures_the_largest_sizes_of_each_kind_of_trial():
+    """pe_type x fusion x precision change what is computed: 8 kinds, each measured at its largest batch, width and
+    depth (a range's upper end); seeds and learning rates multiply the points, never the measurements."""
+    from pefusion.fusion.config import PRESETS, RULES
+    from pefusion.fusion.probe import largest_trials
+    from pefusion.sweep.space import parse_search_space
+
+    space = parse_search_space({
+        "pe_type": {"grid": ["sinusoidal", "learned"]}, "fusion": {"grid": ["add", "concat"]},
+        "precision": {"grid": ["fp32", "bf16"]}, "batch_size": {"choice": [16, 64, 32]},
+        "d_model": {"grid": [64, 32]}, "num_layers": {"randint": [1, 3]}, "seed": {"grid": [0, 1, 2]},
+        "lr": {"loguniform": [1e-4, 1e-2]}}, RULES)
+    assert len(space.points()) == 2 * 2 * 2 * 3 * 2 * 2 * 3 * 2
+    trials = largest_trials(space.points(), PRESETS["demo"])
+    got = sorted((m.pe_type, m.fusion, t.precision, t.batch_size, m.d_model, m.num_layers) for m, t in trials)
+    assert got == sorted((pe, fu, pr, 64, 64, 2) for pe in ("sinusoidal", "learned") for fu in ("add", "concat")
+                         for pr in ("fp32", "bf16"))
+    assert all(t.lr in (1e-4, 1e-2) and t.seed in (0, 1, 2) for _, t in trials)  # values of real points
+
+
+def test_the_probe_trains_on_full_length_batches_of_the_trials_size():
+    from pefusion.data.batching import iter_batches
+    from pefusion.fusion.probe import probe_corpus
+
+    corpus = probe_corpus(batch_size=5, tokens=7, vocab_size=11)
+    train = [b.tokens for b in iter_batches(corpus.train, 5, shuffle=True)]
+    validation = [b.tokens for b in iter_batches(corpus.validation, 5, shuffle=False)]
+    assert [tuple(t.shape) for t in train] == [(5, 7), (5, 7)] and [tuple(t.shape) for t in validation] == [(5, 7)]
+    ids = torch.cat([t.flatten() for t in train + validation])
+    assert ids.min() >= 2 and ids.max() <= 10  # inside the vocabulary, and no padding (0) shortens a document
+    assert corpus.vocab_size == 11 and corpus.max_len == 7
+
+
+# --- a real sweep ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.subprocess_ray
+def test_auto_on_a_machine_without_a_gpu_prints_its_choice_and_tags_the_parent_run(tmp_path, cache_dir):
+    """CUDA_VISIBLE_DEVICES='' hides any GPU, so this is the CPU-only machine wherever it runs: one trial on CPU,
+    the choice printed before Ray starts and recorded on the sweep's parent run."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path / "m.db"
+    cmd = [sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), "--preset", "demo", "--smoke", "--pe-types",
+           "sinusoidal", "--fusions", "add", "--seeds", "0", "--gpus-per-trial", "auto", "--num-cpus", "1",
+           "--no-dashboard", "-q", "--tracking-uri", f"sqlite:///{db}", "--cache-dir", str(cache_dir)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=subprocess_env(CUDA_VISIBLE_DEVICES=""), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    line = "--gpus-per-trial auto: no GPU visible on this machine; trials run on CPU"
+    assert line in lines
+    started = next(i for i, ln in enumerate(lines) if ln.startswith("MLflow:"))  # printed once Ray has started
+    assert lines.index(line) < started
+    assert "1 trials, 1 ok, 0 failed" in proc.stdout
+
+    client = MlflowClient(f"sqlite:///{db}")
+    (parent,) = client.search_runs([client.get_experiment_by_name("pe-fusion").experiment_id],
+                                   f"tags.`{R.TAG_ROLE}` = 'sweep'")
+    assert parent.data.tags[R.TAG_GPUS_PER_TRIAL] == "0"
+    assert parent.data.tags[R.TAG_GPUS_AUTO] == "no GPU visible on this machine; trials run on CPU"
