@@ -65,6 +65,8 @@ TAG_COMMAND = "pefusion.command"
 TAG_SEARCH_SPACE = "pefusion.search_space"
 TAG_RAY_ADDRESS = "pefusion.ray_address"
 TAG_STORAGE = "pefusion.storage_path"
+TAG_GPUS_PER_TRIAL = "pefusion.gpus_per_trial"  # on parent runs of `--gpus-per-trial auto`: the fraction chosen
+TAG_GPUS_AUTO = "pefusion.gpus_per_trial_auto"  # ... and why, the line the sweep printed
 TAG_ROLE = "pefusion.role"  # "sweep" on parent runs, "trial" on child runs
 TAG_NODE = "pefusion.node"  # on child runs: the Ray node id that ran the trial (the last one, after a retry)
 

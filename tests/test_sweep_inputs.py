@@ -17,6 +17,7 @@ BAD_INPUTS = [
     (["--data-dir", "/nonexistent/data"], "--data-dir /nonexistent/data is not a directory"),
     (["--tracking-uri", "http://127.0.0.1:9"], "unreachable"),
     (["--cpus-per-trial", "0"], "--cpus-per-trial"),
+    (["--gpus-per-trial", "lots"], "--gpus-per-trial 'lots': give a number of GPUs per trial"),
 ]
 
 

@@ -95,8 +95,10 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_
     g.add_argument("--address", help="Ray cluster to join: 'auto' for a running `ray start --head` "
                                      "(default: start a local cluster)")
     g.add_argument("--cpus-per-trial", type=float, default=1.0, help="CPUs per trial; torch uses that many threads")
-    g.add_argument("--gpus-per-trial", type=float, default=0.0,
-                   help="GPUs per trial; a fraction shares a GPU (0.25: four trials per GPU, memory permitting)")
+    g.add_argument("--gpus-per-trial", default="0", metavar="G|auto",
+                   help="GPUs per trial; a fraction shares a GPU (0.25: four trials per GPU, memory permitting); "
+                        "auto: measure the largest trial's peak memory and pack as many per GPU as fit, with a "
+                        "margin (none on a machine without a GPU)")
     g.add_argument("--num-cpus", type=int, help="CPUs a local cluster declares (default: all)")
     g.add_argument("--num-gpus", type=float, help="GPUs a local cluster declares (default: detected)")
     g.add_argument("--max-concurrent", type=int, default=0, help="trials at once (default: resources decide)")
@@ -121,6 +123,23 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_
                    help="no progress lines (default: one as each trial ends and every 30 s)")
 
 
+def gpus_per_trial(text: str) -> float | str:
+    """The value of --gpus-per-trial: a number, or 'auto'. Parsed here rather than by argparse so that a bad value
+    ends in one line like every other user error (argparse would print its usage first)."""
+    from pefusion.sweep.gpus import AUTO
+
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ConfigError(f"--gpus-per-trial {text!r}: give a number of GPUs per trial (0.25 puts four trials on one "
+                          f"GPU, 1 gives each a whole GPU) or 'auto'")
+    return value
+
+
 def search_space_path(args: argparse.Namespace) -> str:
     """--search-space, else the sweep's file for the preset (`<name>_demo.yaml` for --preset demo, if present)."""
     if args.search_space:
@@ -143,7 +162,7 @@ def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | No
 
     return SweepOptions(
         sweep=sweep, experiment=args.experiment, name=args.name, storage_path=args.storage_path,
-        address=args.address, cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
+        address=args.address, cpus_per_trial=args.cpus_per_trial, gpus_per_trial=gpus_per_trial(args.gpus_per_trial),
         num_cpus=args.num_cpus, num_gpus=args.num_gpus, max_concurrent=args.max_concurrent, resume=args.resume,
         tracking_uri=args.tracking_uri, dashboard=not args.no_dashboard, verbose=args.verbose,
         progress=not args.quiet, max_failures=args.max_failures, autoscaling=args.autoscaling, command=command,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -16,6 +17,7 @@ from pefusion.data.encoded import EncodedCorpus
 from pefusion.data.corpus import load_corpus
 from pefusion.errors import ConfigError
 from pefusion.fusion.config import (PRESETS, RULES, Preset, check_pe_fusion_pairs, flat_config, smoke_budget)
+from pefusion.fusion.probe import largest_trial_peak
 from pefusion.fusion.trainable import check_trial_config, pefusion_trainable, trial_run_name
 from pefusion.sweep.driver import StudySweep, run_sweep
 from pefusion.sweep.space import SearchSpace, grid_size, load_search_space, require_no_grid
@@ -78,7 +80,8 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
                   R.DATASET: dataset},
         sort_keys=(R.PE_TYPE, R.FUSION, R.SEED, "lr", "batch_size"), run_name=trial_run_name,
         progress_metric=R.TEST_ACC, describe=line,
-        results_file="results_by_seed", tables=lambda rows: {"results_aggregated": aggregate_rows(rows)}, **search)
+        results_file="results_by_seed", tables=lambda rows: {"results_aggregated": aggregate_rows(rows)},
+        gpu_probe=functools.partial(largest_trial_peak, base=preset), **search)
 
 
 def _load_space(args: argparse.Namespace, preset: Preset) -> SearchSpace:

@@ -3,7 +3,8 @@
 Every sweep of both studies runs through `run_sweep`, so what a sweep does at its end (and, later, on
 interruptions and failures) is decided here once. The engine knows neither study: a study's command line hands it
 a `StudySweep` (the trainable and what it is shipped, a per-point check, the search space, the params every child
-run records, how trials are named and identified) and the `SweepOptions` of the flags every sweep shares.
+run records, how trials are named and identified, and for `--gpus-per-trial auto` a probe of its largest trial's
+GPU memory) and the `SweepOptions` of the flags every sweep shares.
 
 A sweep ends the same way whatever the study: `<out>/<name>_<results_file>.csv` with one row per trial (failed
 ones with their error, never dropped), the tables the caller derives from those rows as `<name>_<key>.csv`, all
@@ -19,6 +20,7 @@ trial starts (`check_resources`). MLflow writes wait out an unreachable tracking
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -27,6 +29,7 @@ import pandas as pd
 
 from pefusion import record as R
 from pefusion.errors import SweepInterrupted
+from pefusion.sweep.gpus import AUTO, GpuProbe, auto_packing
 from pefusion.sweep.space import SearchSpace, to_tune
 from pefusion.sweep.live import LiveSweep, result_rows
 from pefusion.sweep.tuner import SweepOptions, catching_errors, check_local_request, run_tune
@@ -59,6 +62,9 @@ class StudySweep:
     scheduler: Any = None
     search_alg: Any = None
     num_samples: int = 1
+    # `--gpus-per-trial auto`: the largest trial's peak GPU memory among the space's points (`pefusion.sweep.gpus`);
+    # None: the study's trials never use a GPU, so auto means none.
+    gpu_probe: GpuProbe | None = None
 
 
 @dataclass
@@ -82,9 +88,23 @@ def validate(study: StudySweep) -> int:
     return len(points)
 
 
+def resolve_gpus(study: StudySweep, opts: SweepOptions) -> SweepOptions:
+    """`opts` with `--gpus-per-trial auto` replaced by the fraction it means here, printed and tagged on the
+    parent run with its reason; any other value as it is."""
+    if opts.gpus_per_trial != AUTO:
+        return opts
+    packing = auto_packing(study.gpu_probe, study.space.points(), sweep=study.sweep, remote=bool(opts.address),
+                           declared_gpus=opts.num_gpus)
+    print(f"--gpus-per-trial auto: {packing.reason}", flush=True)
+    return dataclasses.replace(opts, gpus_per_trial=packing.gpus_per_trial,
+                               tags={**opts.tags, R.TAG_GPUS_PER_TRIAL: f"{packing.gpus_per_trial:g}",
+                                     R.TAG_GPUS_AUTO: packing.reason})
+
+
 def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "results") -> SweepResult:
     """Run (or with `opts.resume` continue) one sweep and write its results; see the module docstring."""
     validate(study)
+    opts = resolve_gpus(study, opts)
     check_local_request(opts)
     shipped = study.ship()
     line = study.describe(shipped)

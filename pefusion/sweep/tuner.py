@@ -27,6 +27,7 @@ from ray import tune
 from pefusion import record as R
 from pefusion.errors import ConfigError
 from pefusion.sweep import live
+from pefusion.sweep.gpus import AUTO
 from pefusion.sweep.live import LiveSweep, TrialEvents, error_summary
 from pefusion.sweep.tracking import SweepRecorder, TrackingError, check_tracking, resolve_tracking_uri
 
@@ -51,7 +52,7 @@ class SweepOptions:
     storage_path: str = DEFAULT_STORAGE
     address: str | None = None  # None: a new local cluster; "auto": a running `ray start --head`
     cpus_per_trial: float = 1.0
-    gpus_per_trial: float = 0.0
+    gpus_per_trial: float | str = 0.0  # or "auto": decided by `run_sweep` before Ray starts (`pefusion.sweep.gpus`)
     num_cpus: int | None = None  # CPUs a *local* cluster declares (default: all)
     num_gpus: float | None = None  # GPUs a *local* cluster declares; logical ones schedule on a CPU machine
     max_concurrent: int = 0  # 0: as many as resources allow
@@ -68,7 +69,8 @@ class SweepOptions:
     def __post_init__(self) -> None:
         if self.cpus_per_trial <= 0:
             raise ConfigError(f"--cpus-per-trial={self.cpus_per_trial} must be > 0")
-        if self.gpus_per_trial < 0 or (self.gpus_per_trial > 1 and self.gpus_per_trial != int(self.gpus_per_trial)):
+        gpus = self.gpus_per_trial
+        if gpus != AUTO and (gpus < 0 or (gpus > 1 and gpus != int(gpus))):
             raise ConfigError(f"--gpus-per-trial={self.gpus_per_trial} must be a fraction in [0, 1] or a whole number")
         if self.max_concurrent < 0:
             raise ConfigError(f"--max-concurrent={self.max_concurrent} must be >= 0")

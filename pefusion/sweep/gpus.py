@@ -1,0 +1,134 @@
+"""`--gpus-per-trial auto`: how many trials share one GPU, decided before Ray starts from a measured peak.
+
+Ray divides a GPU's *scheduling* (0.25: four trials on one card), not its memory: four trials whose peaks do not
+fit together end in CUDA out-of-memory errors. `auto` has the study measure the largest trial of the sweep on
+this machine's card (its probe, run in a fresh process so that the driver never holds the card the trials share)
+and packs as many trials per card as fit with a margin: `pack_trials`, a pure function of the numbers.
+
+Assumed, and said in the README: every card a trial may land on is like the driver's card 0 (a cluster of mixed
+cards needs an explicit fraction), and a trial is one process on one card.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Callable, Sequence
+
+from pefusion.errors import ConfigError
+
+AUTO = "auto"
+GIB = 1024 ** 3
+# What a process holds on the card outside torch's caching allocator: the CUDA context, the cuBLAS/cuDNN handles
+# and the kernels it loads. torch's memory statistics never count it (nvidia-smi does); a few hundred MiB per
+# process is typical with CUDA 12's lazy module loading. Not measured here: an upper guess.
+CONTEXT_BYTES = GIB // 2
+# The share of the card left unplanned: the allocator's fragmentation growing over a long run, and batches the
+# probe's random token ids do not reproduce exactly (the probe measures shapes, the longest batch).
+MARGIN = 0.10
+# Without MPS the processes on one card take turns on it, so past a few trials per card another one adds a CUDA
+# context and memory pressure more than throughput. A guess, not a measurement: scripts/bench_gpu.py measures
+# packings of 1, 2, 4 and 8.
+MAX_PER_CARD = 8
+# Ray counts resources in units of 0.0001 (ray_constants.MIN_RESOURCE_GRANULARITY): 1/K is rounded *down* to that,
+# so that K trials still fit on one card.
+RAY_RESOURCE_DECIMALS = 4
+
+# The study's probe: given the points the sweep can produce (`SearchSpace.points()`), the peak GPU memory in bytes
+# that the largest of their trials holds (torch's reserved memory) on the current CUDA device, and which trial
+# that is, in words. The engine runs it in a spawned process, so it must pickle: a module-level function or a
+# functools.partial of one.
+GpuProbe = Callable[[Sequence[dict[str, Any]]], tuple[int, str]]
+
+
+@dataclass(frozen=True)
+class Packing:
+    """What `auto` decided: trials per card, the fraction Ray gets, and why (one line)."""
+
+    per_card: int  # 0: the trials run on CPU
+    gpus_per_trial: float
+    reason: str
+
+
+def _gib(n: float) -> str:
+    n = float(n)
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2 ** 20:.0f} MiB"
+
+
+def pack_trials(peak_bytes: int, card_bytes: int, *, margin: float = MARGIN, context_bytes: int = CONTEXT_BYTES,
+                max_per_card: int = MAX_PER_CARD, trial: str = "one trial", card: str = "the card") -> Packing:
+    """The largest K <= max_per_card with K * (peak_bytes + context_bytes) <= (1 - margin) * card_bytes, as
+    gpus_per_trial = 1/K rounded down to Ray's 4 decimals (K = 3: 0.3333).
+
+    A trial that does not fit even alone is refused with a ConfigError naming the fix: a sweep of out-of-memory
+    errors would show it only after Ray started. `margin` is taken as the decimal it is written as (0.1 = 1/10),
+    so the boundary K * per_trial == budget is exact.
+    """
+    per_trial = peak_bytes + context_bytes
+    budget = Fraction(card_bytes) * (1 - Fraction(str(margin)))
+    fit = int(budget // per_trial) if per_trial > 0 else max_per_card
+    k = min(fit, max_per_card)
+    peak = f"{trial} peaks at {_gib(peak_bytes)} + {_gib(context_bytes)} CUDA context = {_gib(per_trial)}"
+    room = f"{_gib(budget)} ({100 * (1 - margin):g} % of {_gib(card_bytes)} on {card})"
+    if k < 1:
+        raise ConfigError(f"--gpus-per-trial auto: {peak}, more than {room}: shrink the largest trial (its batch "
+                          f"size or sequence length; bf16 halves activations) or pass --gpus-per-trial 1 to give "
+                          f"it the whole card without the margin")
+    scale = 10 ** RAY_RESOURCE_DECIMALS
+    gpus = math.floor(scale / k) / scale
+    capped = f" (the cap; {fit} would fit)" if fit > max_per_card else ""
+    per = "1 trial" if k == 1 else f"{k} trials"
+    return Packing(k, gpus, f"{gpus:g} GPU per trial, {per} per card{capped}: {peak}; {k} x {_gib(per_trial)} "
+                            f"fits in {room}")
+
+
+def auto_packing(probe: GpuProbe | None, points: Sequence[dict[str, Any]], *, sweep: str, remote: bool,
+                 declared_gpus: float | None) -> Packing:
+    """What `--gpus-per-trial auto` means for this sweep on this machine.
+
+    No probe (the study never uses a GPU), a local cluster declared without GPUs (--num-gpus 0) or no CUDA device
+    visible here: no GPU. Joining a cluster (`remote`) from a driver without a GPU is refused: nothing here can
+    measure a trial, and guessing would pack by a number nobody measured.
+    """
+    if probe is None:
+        return Packing(0, 0.0, f"the {sweep} trials do not use a GPU; trials run on CPU")
+    if declared_gpus == 0 and not remote:
+        return Packing(0, 0.0, "--num-gpus 0 declares no GPU on the local cluster; trials run on CPU")
+    import torch
+
+    if not torch.cuda.is_available():
+        if remote:
+            raise ConfigError("--gpus-per-trial auto measures a trial on this machine's GPU, and none is visible here: "
+                              "run the driver on a GPU node of the cluster, or give a fraction such as "
+                              "--gpus-per-trial 0.25")
+        return Packing(0, 0.0, "no GPU visible on this machine; trials run on CPU")
+    print("--gpus-per-trial auto: measuring the sweep's largest trial on this machine's GPU ...", flush=True)
+    peak, trial, free, total, name = _in_fresh_process(probe, points)
+    # The probe's own context was on the card when it read `free`; the trials will have the card without it.
+    usable = min(total, free + CONTEXT_BYTES)
+    held = f", {_gib(total - usable)} of its {_gib(total)} held by other processes" if total - usable > GIB else ""
+    return pack_trials(peak, usable, trial=trial, card=name + held)
+
+
+def _in_fresh_process(probe: GpuProbe, points: Sequence[dict[str, Any]]) -> tuple[int, str, int, int, str]:
+    """`_measure` in a spawned process: its CUDA context and the memory its allocator caches end with it."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import torch
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(_measure, probe, list(points)).result()
+        except torch.cuda.OutOfMemoryError as exc:  # the trial alone is larger than the card
+            raise ConfigError(f"--gpus-per-trial auto: {str(exc).splitlines()[0]}: shrink the largest trial (its "
+                              f"batch size or sequence length; bf16 halves activations)") from None
+
+
+def _measure(probe: GpuProbe, points: list[dict[str, Any]]) -> tuple[int, str, int, int, str]:
+    """(peak, which trial, free and total bytes of the card before the probe trained, the card's name)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    peak, trial = probe(points)
+    return peak, trial, free, total, torch.cuda.get_device_name()
