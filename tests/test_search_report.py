@@ -133,7 +133,8 @@ EPOCHS = (4, 4, 1, 1, 3, 4, 1, 4)  # per trial; trials 2, 3 and 6 stopped by ASH
 
 def _search_sweep(parent_metrics: dict) -> RU.Sweep:
     trials = search_frame(len(EPOCHS), lr_only, seed=3, stopped=(2, 3, 6))
-    trials.loc[4, [R.STATUS, R.ERROR, R.BEST_VAL_ACC]] = [R.STATUS_DIVERGED, "non-finite loss at epoch 3", np.nan]
+    # A diverged trial keeps the best epoch it reached before the loss blew up: still not a search result.
+    trials.loc[4, [R.STATUS, R.ERROR, R.BEST_VAL_ACC]] = [R.STATUS_DIVERGED, "non-finite loss at epoch 3", 0.99]
     trials = trials.assign(**{R.EPOCHS_RUN: [float(e) for e in EPOCHS], SE.MAX_EPOCHS: MAX_T})
     return RU.Sweep("sqlite:///unused.db", "pe-fusion", trials, "a" * 32,
                     {R.TAG_SWEEP: "lr_batch_asha", R.TAG_SCHEDULER: "asha",
