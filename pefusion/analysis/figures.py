@@ -402,7 +402,8 @@ def search_parallel_figure(points: S.SearchPoints) -> Figure | None:
         for t, label in zip(ticks, labels):
             ax.text(j + 0.04, t, label, fontsize=7, va="center", color="0.2", zorder=3,
                     bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=1))
-    ax.set_xticks(range(len(columns)), [*points.keys, "best val acc (%)"])
+    ax.set_xticks(range(len(columns)), [k + (" (log)" if points.kind(k) == S.LOG else "") for k in points.keys]
+                  + ["best val acc (%)"])
     ax.set_yticks([])
     ax.set_xlim(-0.2, len(columns) - 0.6)
     ax.set_ylim(-0.06, 1.06)
