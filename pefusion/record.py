@@ -69,6 +69,13 @@ TAG_GPUS_PER_TRIAL = "pefusion.gpus_per_trial"  # on parent runs of `--gpus-per-
 TAG_GPUS_AUTO = "pefusion.gpus_per_trial_auto"  # ... and why, the line the sweep printed
 TAG_ROLE = "pefusion.role"  # "sweep" on parent runs, "trial" on child runs
 TAG_NODE = "pefusion.node"  # on child runs: the Ray node id that ran the trial (the last one, after a retry)
+TAG_SCHEDULER = "pefusion.scheduler"  # on a search's parent run: asha or fifo (sweeps/lr_batch_asha.py)
+
+# --- a search's epoch budget (metrics of its MLflow parent run) ----------------------------------------------
+EPOCHS_TRAINED = "epochs_trained"  # epochs the trials actually ran
+EPOCHS_FULL_BUDGET = "epochs_full_budget"  # trials × max_t: what the same samples cost without early stopping
+BUDGET_FRACTION = "budget_fraction"  # EPOCHS_TRAINED / EPOCHS_FULL_BUDGET
+N_STOPPED = "n_stopped"  # trials stopped early by the scheduler
 
 # --- MLflow artifact paths ------------------------------------------------------------------------------------
 ARTIFACT_CHECKPOINT_DIR = "checkpoint"  # model.pt (state_dict) + model_config.json

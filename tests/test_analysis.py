@@ -17,6 +17,7 @@ from pefusion import record as R
 from pefusion.analysis import formats as FM
 from pefusion.analysis import fusion_tables as FT
 from pefusion.analysis import runs as RU
+from pefusion.analysis import search as SE
 from pefusion.analysis import student_tables as ST
 from pefusion.analysis.report import build_report, notes
 from pefusion.errors import ConfigError
@@ -94,7 +95,7 @@ def _build_store(root: Path) -> dict:
     client = MlflowClient(tracking_uri=uri)
     art = (root / "artifacts").as_uri()
     ids = {name: client.create_experiment(name, artifact_location=f"{art}/{name}")
-           for name in ("pe-fusion", "student-attention", "broken", "empty", "other-tool")}
+           for name in ("pe-fusion", "student-attention", "broken", "empty", "other-tool", "search")}
     t0 = 1_700_000_000_000
 
     # pe-fusion: an older sweep with one run that a newer sweep repeats, then the sweep under test.
@@ -151,7 +152,18 @@ def _build_store(root: Path) -> dict:
                 "eps_t_semantic": 0.3, "eps_t_positional": 0.3 + 0.02 * sign, "eps_g_semantic": 0.35,
                 "eps_g_positional": 0.35 + 0.01 * sign, "m_semantic": 0.1, "m_positional": 0.9,
                 "theta_semantic": 0.8, "theta_positional": 0.2, R.EPS_LIN: 0.4}, t0 + 1001)
-    return {"uri": uri, "parent": parent, "old": old, "cv": cv, "phase": phase, "root": root}
+    # search: an lr × batch search whose stopped trial's last epoch (0.40) is below its best (0.50).
+    search = _parent(client, ids["search"], "lr_batch_asha", t0)
+    client.log_batch(search, metrics=_metrics({R.EPOCHS_TRAINED: 5, R.EPOCHS_FULL_BUDGET: 6}))
+    for trial, status, val_acc, final in (("ok", R.STATUS_OK, (0.30, 0.45, 0.42), {R.BEST_VAL_ACC: 0.45}),
+                                          ("stopped", R.STATUS_STOPPED, (0.30, 0.50, 0.40), {})):
+        run = client.create_run(ids["search"], start_time=t0 + 1, tags={
+            R.TAG_PARENT: search, R.TAG_ROLE: "trial", R.TAG_TRIAL_ID: trial, R.TAG_STATUS: status}).info.run_id
+        epochs = [m for e, v in enumerate(val_acc, start=1) for m in _metrics({R.VAL_ACC: v}, step=e)]
+        client.log_batch(run, metrics=epochs + _metrics({**final, R.EPOCHS_RUN: len(val_acc)}, step=len(val_acc)),
+                         params=_params({"lr": 1e-3}))
+        client.set_terminated(run, "FINISHED")
+    return {"uri": uri, "parent": parent, "old": old, "cv": cv, "phase": phase, "search": search, "root": root}
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +226,7 @@ def test_search_sweep_ranks_trials_and_stopped_is_not_failed(tmp_path):
         RU.TRIAL_ID: ["a", "b", "c"], RU.RUN_ID: ["r1", "r2", "r3"], "lr": [1e-3, 1e-4, 3e-4],
         "batch_size": [32, 32, 32], R.STATUS: [R.STATUS_OK, R.STATUS_STOPPED, R.STATUS_ERROR],
         R.ERROR: ["", "", "boom"], R.BEST_VAL_ACC: [0.6, 0.7, np.nan], R.TEST_ACC: [0.5, np.nan, np.nan]})
-    table = FT.search_table(trials)
+    table = SE.search_table(trials)
     assert list(table[RU.TRIAL_ID]) == ["b", "a", "c"] and "batch_size" not in table  # only what varies
     assert table[R.BEST_VAL_ACC].iloc[0] == pytest.approx(70.0)
     assert list(RU.failed(trials)[RU.TRIAL_ID]) == ["c"]
@@ -224,7 +236,17 @@ def test_search_sweep_ranks_trials_and_stopped_is_not_failed(tmp_path):
     text = page.read_text()
     assert page.name == "report_lr_batch_asha_ffffffff.html" and "Search trials" in text and "boom" in text
     assert "1 ok, 1 stopped early by the scheduler, 1 failed" in text
-    assert written == [tmp_path / "search_trials.csv"]
+    assert written == [tmp_path / "search_trials.csv", tmp_path / "figures" / "search_scores.png",
+                       tmp_path / "figures" / "search_parallel_coordinates.png"]
+    assert "no parameter importances: only lr varies among the 2 scored trials" in text
+    assert "No epoch budget" in text  # neither a max_epochs param nor a parent run's budget
+
+
+def test_stopped_trials_score_their_best_epoch_and_the_parent_budget_is_read(store):
+    sweep = RU.load_sweep(store["uri"], "search", latest_sweep=True)
+    best = dict(zip(sweep.trials[RU.TRIAL_ID], sweep.trials[R.BEST_VAL_ACC]))
+    assert best == {"ok": pytest.approx(0.45), "stopped": pytest.approx(0.50)}  # not the stopped one's last 0.40
+    assert sweep.parent_metrics == {R.EPOCHS_TRAINED: 5.0, R.EPOCHS_FULL_BUDGET: 6.0}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pefusion.fusion.config import RULES as PEFUSION_RULES, check_pe_fusion_pair
 from conftest import pe_fusion_pairs
 from pefusion.student.config import RULES as STUDENT_RULES
 from pefusion.sweep.space import (Choice, Constant, Grid, LogUniform, RandInt, SearchSpaceError, Uniform, grid_size,
-                                  load_search_space, parse_search_space, require_no_grid, to_tune)
+                                  load_search_space, parse_search_space, require_no_grid, to_optuna, to_tune)
 from conftest import has_grid
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
@@ -72,6 +72,18 @@ def test_each_dimension_parses_and_converts_to_its_tune_object():
     assert tuned["max_epochs"] == 3
     assert list(tuned) == list(space)  # file order kept
     assert grid_size(space) == 4 and has_grid(space)
+
+
+def test_optuna_distributions_are_those_ray_samples_optuna_from():
+    from optuna.distributions import CategoricalDistribution
+    from ray.tune.search.optuna import OptunaSearch
+
+    space = parse_search_space({"batch_size": {"choice": [16, 32, 64]}, "dropout": {"uniform": [0.0, 0.3]},
+                                "lr": {"loguniform": [1e-4, 1e-2]}, "gate_kernel": {"randint": [3, 8]},
+                                "max_epochs": 3}, PEFUSION_RULES)
+    assert to_optuna(space) == OptunaSearch.convert_search_space(to_tune(space))  # constants left out by both
+    grid = parse_search_space({"pe_type": {"grid": ["sinusoidal", "learned"]}}, PEFUSION_RULES)
+    assert to_optuna(grid) == {"pe_type": CategoricalDistribution(("sinusoidal", "learned"))}
 
 
 def test_numbers_are_typed_by_the_rule():

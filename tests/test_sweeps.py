@@ -494,6 +494,9 @@ def test_lr_batch_asha_default_random_search_samples_lr_batch_yaml(local_ray, in
     n_stopped = sum(c.data.tags[R.TAG_STATUS] == R.STATUS_STOPPED for c in children)
     assert (f"epochs trained: {trained} of {n * max_t} without early stopping ({100 * trained / (n * max_t):.1f}%); "
             f"{n_stopped} trials stopped by ASHA, 0 failed") in out
+    # What the search report reads: who spent the budget, and the budget as the parent run logged it.
+    assert parent.data.tags[R.TAG_SCHEDULER] == "asha"
+    assert (parent.data.metrics[R.EPOCHS_TRAINED], parent.data.metrics[R.EPOCHS_FULL_BUDGET]) == (trained, n * max_t)
 
 
 def test_lr_batch_asha_fifo_trains_every_trial_for_max_t_epochs(local_ray, in_tmp, smoke_preset, smoke_corpus,
@@ -522,7 +525,8 @@ def test_lr_batch_asha_fifo_trains_every_trial_for_max_t_epochs(local_ray, in_tm
                       "--max-concurrent", "1", "--name", "fifo", "--no-dashboard"])
     assert code == 0
     out = capsys.readouterr().out
-    client, _, children = _sweep_runs("fifo")
+    client, parent, children = _sweep_runs("fifo")
+    assert parent.data.tags[R.TAG_SCHEDULER] == "fifo"
     by_seed = {int(c.data.params[R.SEED]): c for c in children}
     assert set(by_seed) == {first, second}
     # the setup: accuracy is flat, and the second trial is below the first at epoch 1

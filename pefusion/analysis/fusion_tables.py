@@ -1,6 +1,6 @@
 """Study A's tables (PE-fusion): Table 1 beside the paper's Table 3, paired-seed deltas against a baseline
-fusion with their statistics, accuracy and latency per fusion, accuracy per length bucket, and the table of a
-hyperparameter search.
+fusion with their statistics, accuracy and latency per fusion, and accuracy per length bucket (a hyperparameter
+search's tables are in pefusion.analysis.search).
 
 Pure functions over the trial frame of pefusion.analysis.runs. Units: every table reports accuracy in percent
 and accuracy deltas in percentage points (pp) — the unit of the paper's Table 3 — so our numbers and the
@@ -19,9 +19,9 @@ from scipy import stats
 
 from pefusion import record as R
 from pefusion.analysis.formats import format_mean_std
-from pefusion.analysis.runs import (PEFUSION_IDENTITY, TRIAL_ID, AnalysisError, column, failed, latest_ok,
+from pefusion.analysis.runs import (PEFUSION_IDENTITY, AnalysisError, column, failed, latest_ok,
                                     pefusion_runs, require_metrics)
-from pefusion.fusion.config import FUSIONS, PE_TYPES, TRIAL_KEYS
+from pefusion.fusion.config import FUSIONS, PE_TYPES
 
 # The paper's Table 3 (ArXiv-11): test accuracy in %, mean ± std over seeds 0–4.
 ARXIV_TABLE3: dict[tuple[str, str], tuple[float, float]] = {
@@ -268,23 +268,3 @@ def length_bucket_summary(runs: pd.DataFrame) -> pd.DataFrame:
                          "n_docs_mean": docs.mean() if docs.notna().any() else math.nan})
     return pd.DataFrame(rows, columns=["pe_type", "fusion", "bucket", "n_seeds", "test_acc_mean", "test_acc_std",
                                        "n_docs_mean"])
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Hyperparameter search
-# ---------------------------------------------------------------------------------------------------------
-
-
-def search_table(trials: pd.DataFrame) -> pd.DataFrame:
-    """Trials of a hyperparameter search, best first: the config keys that vary, status, and the metrics that
-    rank them (accuracies in %)."""
-    varied = [k for k in TRIAL_KEYS if k in trials and trials[k].nunique(dropna=True) > 1]
-    metrics = [m for m in (R.BEST_VAL_ACC, R.OPTIMISED_METRIC, R.TEST_ACC, R.EPOCHS_RUN) if m in trials]
-    out = trials[[TRIAL_ID, *varied, R.STATUS, *metrics]].copy()
-    for m in (R.BEST_VAL_ACC, R.VAL_ACC, R.TEST_ACC):
-        if m in out:
-            out[m] = out[m].astype(float) * 100
-    rank = R.BEST_VAL_ACC if R.BEST_VAL_ACC in out else R.OPTIMISED_METRIC
-    if rank in out:
-        out = out.sort_values(rank, ascending=R.OPTIMISED_MODE != "max", na_position="last")
-    return out.reset_index(drop=True)

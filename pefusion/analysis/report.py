@@ -20,6 +20,7 @@ from pefusion.analysis import figures as F
 from pefusion.analysis import formats as FM
 from pefusion.analysis import fusion_tables as FT
 from pefusion.analysis import runs as RU
+from pefusion.analysis import search as SE
 from pefusion.analysis import student_tables as ST
 from pefusion.sweep.tracking import log_artifacts_to_run
 
@@ -35,7 +36,7 @@ def notes(sweep: RU.Sweep) -> list[str]:
         out.append(f"{n_failed} of {len(trials)} trial runs failed (diverged or error): excluded from every mean, "
                    f"counted, and listed in the report")
     superseded = 0
-    if len(RU.pefusion_runs(trials)):
+    if len(RU.pefusion_runs(trials)) and not is_search(sweep):  # a search's trials share one identity on purpose
         superseded += RU.latest_ok(RU.pefusion_runs(trials), RU.PEFUSION_IDENTITY)[1]
     if len(RU.student_runs(trials)):
         student = ST.student_frame(trials)
@@ -164,14 +165,20 @@ def _table_html(frame: pd.DataFrame) -> str:
     return frame.to_html(index=False, border=0, na_rep="–", float_format=_number, escape=True)
 
 
-def _image_html(png: Path) -> str:
+def _image_html(png: Path, caption: str = "") -> str:
     data = base64.b64encode(png.read_bytes()).decode("ascii")
-    return f"<figure><img alt='{html.escape(png.stem)}' src='data:image/png;base64,{data}'></figure>"
+    text = f"<figcaption class='muted'>{html.escape(caption)}</figcaption>" if caption else ""
+    return f"<figure><img alt='{html.escape(png.stem)}' src='data:image/png;base64,{data}'>{text}</figure>"
+
+
+def is_search(sweep: RU.Sweep) -> bool:
+    """True for a hyperparameter search (its trials differ in the searched keys, not in their identity)."""
+    return sweep.parent_tags.get(R.TAG_SWEEP) == "lr_batch_asha"
 
 
 def report_kind(sweep: RU.Sweep) -> str:
     """'search' for hyperparameter searches, else the study of the runs ('pefusion' or 'student')."""
-    if sweep.parent_tags.get(R.TAG_SWEEP) == "lr_batch_asha":
+    if is_search(sweep):
         return "search"
     kind = RU.study_of(sweep.trials)
     if kind == "unknown":
@@ -234,10 +241,71 @@ def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None,
     return parts, written + figures
 
 
-def _search_sections(trials: pd.DataFrame, out: Path) -> tuple[list[str], list[Path]]:
-    table = FT.search_table(trials)
-    path = _write_csv(table, out / "search_trials.csv")
-    return ["<h2>Search trials, best first</h2><p class='muted'>Accuracies in %.</p>", _table_html(table)], [path]
+def budget_line(budget: SE.Budget, scheduler: str | None) -> str:
+    """'ASHA trained E of F epochs (P %)', and where the numbers come from."""
+    who = {"asha": "ASHA", "fifo": "FIFO (no early stopping)"}.get(scheduler or "", "The search")
+    source = "as the sweep's parent run recorded them" if budget.from_parent else \
+        "summed from the trial runs: the parent run recorded no budget (the sweep did not finish)"
+    n_stopped = int((budget.per_trial[R.STATUS] == R.STATUS_STOPPED).sum())
+    return (f"{who} trained {budget.epochs_trained:.0f} of {budget.epochs_full_budget:.0f} epochs "
+            f"({100 * budget.fraction:.1f} %): {len(budget.per_trial)} trials × max_t = {budget.max_t} epochs "
+            f"without early stopping, {n_stopped} trials stopped early; {source}.")
+
+
+def _search_sections(sweep: RU.Sweep, out: Path) -> tuple[list[str], list[Path]]:
+    trials, tags = sweep.trials, sweep.parent_tags
+    table = SE.search_table(trials)
+    written = [_write_csv(table, out / "search_trials.csv")]
+    parts = ["<h2>Search trials, best first</h2><p class='muted'>Accuracies in %.</p>", _table_html(table)]
+
+    space_file = tags.get(R.TAG_SEARCH_SPACE, "")
+    points = SE.search_points(trials, SE.recorded_space(space_file), space_file)
+    unscored = (f" {points.n_unscored} finished trials recorded no {SE.SCORE} and are left out."
+                if points.n_unscored else "")
+    parts.append(f"<h2>Validation accuracy against the searched keys</h2><p class='muted'>{len(points.frame)} "
+                 f"finished trials (ok, or stopped early by the scheduler) scored by their best epoch's validation "
+                 f"accuracy; failed trials are left out.{html.escape(unscored)}</p>")
+    figure = F.search_score_figure(points)
+    if figure is None:
+        parts.append("<p class='note'>No searched key varies among the scored trials: nothing to plot.</p>")
+    else:
+        png = F.save_figure(figure, out / "figures", "search_scores")
+        written.append(png)
+        parts.append(_image_html(png, "Read off which values of each key gave the best validation accuracy; "
+                                      "hollow markers are trials the scheduler stopped early, so their accuracy is "
+                                      "that of fewer epochs than the filled ones."))
+
+    importances, why_not = SE.param_importances(points)
+    parts.append("<h2>Parameter importances</h2>")
+    if why_not:
+        parts.append(f"<p class='note'>{html.escape(why_not)}.</p>")
+    else:
+        written.append(_write_csv(importances, out / "search_importance.csv"))
+        parts.append(f"<p class='muted'>fANOVA (optuna.importance, forest seed {SE.IMPORTANCE_SEED}) over the "
+                     f"{len(points.frame)} scored trials rebuilt as an Optuna study: the share of the variance of "
+                     f"the best validation accuracy each key explains on its own (the shares sum to 1).</p>")
+        parts.append(_table_html(importances))
+
+    figure = F.search_parallel_figure(points)
+    if figure is not None:
+        png = F.save_figure(figure, out / "figures", "search_parallel_coordinates")
+        written.append(png)
+        parts.append("<h2>Parallel coordinates</h2>")
+        parts.append(_image_html(png, "Follow the brightest lines to see which combination of values reached "
+                                      "the best accuracy; dashed lines are trials stopped early."))
+
+    budget = SE.search_budget(trials, sweep.parent_metrics)
+    parts.append("<h2>Epoch budget</h2>")
+    if budget is None:
+        parts.append(f"<p class='note'>No epoch budget: the trials record no {SE.MAX_EPOCHS} and the parent run "
+                     f"no {R.EPOCHS_FULL_BUDGET}.</p>")
+    else:
+        parts.append(f"<p><b>{html.escape(budget_line(budget, tags.get(R.TAG_SCHEDULER)))}</b></p>")
+        png = F.save_figure(F.search_budget_figure(budget), out / "figures", "search_budget")
+        written.append(png)
+        parts.append(_image_html(png, "Read off how many epochs each trial cost against max_t (dashed line): "
+                                      "the gap between a bar and the line is what early stopping saved."))
+    return parts, written
 
 
 def _header(sweep: RU.Sweep) -> str:
@@ -277,7 +345,7 @@ def build_report(sweep: RU.Sweep, out: str | Path = "results", baseline: str = "
     elif kind == "student":
         parts, written = _student_sections(sweep.trials, out, alpha_c, alpha_l)
     else:
-        parts, written = _search_sections(sweep.trials, out)
+        parts, written = _search_sections(sweep, out)
     remarks = notes(sweep)
     page = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",

@@ -11,8 +11,9 @@ A run is a trial when it is tagged `pefusion.role=trial`, or when it is not a sw
 identity params of a PE-fusion trial (dataset, pe_type, fusion, seed) or of a student trial (alpha, seed): runs
 written by other tools with those names are analysed like ours. Failed trials (status diverged or error) are
 kept in the frame, excluded from every mean, counted and listed; trials stopped early by a scheduler (status
-stopped) are not failures but have no test metrics, so test-accuracy tables leave them out too. Runs still
-RUNNING are left out and counted. Reading only: MLflow is written by pefusion.sweep.tracking alone.
+stopped) are not failures but have no test metrics, so test-accuracy tables leave them out too; their
+best_val_acc is read from their val_acc per epoch. Runs still RUNNING are left out and counted. Reading only:
+MLflow is written by pefusion.sweep.tracking alone.
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ class Sweep:
     parent_run_id: str | None = None
     parent_tags: dict[str, str] = field(default_factory=dict)
     n_unfinished: int = 0  # trial runs still RUNNING/SCHEDULED, left out
+    parent_metrics: dict[str, float] = field(default_factory=dict)  # what the sweep logged when it finished
 
     @property
     def name(self) -> str:
@@ -195,6 +197,7 @@ def load_sweep(tracking_uri: str | None, experiment: str, parent_run: str | None
     if parent is not None:
         runs = [r for r in runs if r.data.tags.get(R.TAG_PARENT) == parent.info.run_id]
     trials, unfinished = runs_frame(runs)
+    _best_val_acc_of_stopped(client, trials)
     if trials.empty and parent is not None:
         raise AnalysisError(f"sweep run {parent.info.run_id[:8]} ({parent.data.tags.get(R.TAG_SWEEP, 'unnamed')}) "
                             f"of experiment {experiment!r} has no finished trial runs ({unfinished} still "
@@ -202,7 +205,22 @@ def load_sweep(tracking_uri: str | None, experiment: str, parent_run: str | None
     if trials.empty:
         raise AnalysisError(f"experiment {experiment!r} has no finished trial runs; {DEMO_HINT}")
     return Sweep(uri, experiment, trials, parent.info.run_id if parent else None,
-                 dict(parent.data.tags) if parent else {}, unfinished)
+                 dict(parent.data.tags) if parent else {}, unfinished,
+                 dict(parent.data.metrics) if parent else {})
+
+
+def _best_val_acc_of_stopped(client, trials: pd.DataFrame) -> None:
+    """Fill best_val_acc of trials stopped by the scheduler from their val_acc per epoch (in place).
+
+    A stopped trial never sends its final record, so MLflow holds only its epochs, and its latest val_acc is that
+    of the epoch it was stopped at, not its best: the best is what a search scored it by.
+    """
+    stopped = trials.index[(trials[R.STATUS] == R.STATUS_STOPPED) & column(trials, R.BEST_VAL_ACC).isna()]
+    best = {i: max((m.value for m in client.get_metric_history(trials.at[i, RUN_ID], R.VAL_ACC)), default=np.nan)
+            for i in stopped}
+    if best:
+        trials[R.BEST_VAL_ACC] = column(trials, R.BEST_VAL_ACC).astype(float)
+        trials.loc[list(best), R.BEST_VAL_ACC] = list(best.values())
 
 
 def load_trial_runs(tracking_uri: str | None, experiment: str, parent_run: str | None = None) -> pd.DataFrame:

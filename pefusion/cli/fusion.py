@@ -123,6 +123,8 @@ def run_lr_batch_asha(args: argparse.Namespace, argv: Sequence[str] | None = Non
 
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
+    from pefusion.analysis.search import budget_summary
+
     # ASHA stops any trial whose report reaches max_t; one epoch of headroom lets a trial that trained the whole
     # budget deliver its final (test) record, which follows its last epoch report.
     scheduler = (ASHAScheduler(time_attr=R.EPOCH, max_t=max_t + 1, grace_period=min(args.grace_period, max_t),
@@ -138,7 +140,9 @@ def run_lr_batch_asha(args: argparse.Namespace, argv: Sequence[str] | None = Non
                            metric=R.OPTIMISED_METRIC, mode=R.OPTIMISED_MODE, scheduler=scheduler,
                            search_alg=search_alg, num_samples=args.num_samples)
     study = dataclasses.replace(study, parent_metrics=lambda rows: budget_summary(rows, max_t))
-    result = run_sweep(study, sweep_options(args, "lr_batch_asha", argv), args.out)
+    options = sweep_options(args, "lr_batch_asha", argv)
+    options.tags[R.TAG_SCHEDULER] = args.scheduler  # the report names who spent the epoch budget
+    result = run_sweep(study, options, args.out)
 
     rows, summary = result.rows, budget_summary(result.rows, max_t)
     ok = rows[rows[R.STATUS].isin(R.SUCCESS_STATUSES)].dropna(subset=[R.VAL_ACC])
@@ -147,8 +151,8 @@ def run_lr_batch_asha(args: argparse.Namespace, argv: Sequence[str] | None = Non
         keys = [k for k in space if k in rows.columns]
         print("best configuration: " + ", ".join(f"{k}={best[k]}" for k in keys)
               + f"  ({R.VAL_ACC}={best[R.VAL_ACC]:.4f}, {int(best[R.EPOCHS_RUN])} epochs)")
-    print(f"epochs trained: {summary['epochs_trained']:.0f} of {summary['epochs_full_budget']:.0f} without early "
-          f"stopping ({100 * summary['budget_fraction']:.1f}%); {summary['n_stopped']:.0f} trials stopped by ASHA, "
+    print(f"epochs trained: {summary[R.EPOCHS_TRAINED]:.0f} of {summary[R.EPOCHS_FULL_BUDGET]:.0f} without early "
+          f"stopping ({100 * summary[R.BUDGET_FRACTION]:.1f}%); {summary[R.N_STOPPED]:.0f} trials stopped by ASHA, "
           f"{summary['n_failed']:.0f} failed")
     print(f"results: {', '.join(map(str, result.paths))}\nRay experiment: {result.experiment_path}")
     return 0
@@ -169,7 +173,8 @@ def _as_trial_frame(rows: pd.DataFrame) -> pd.DataFrame:
 
 def aggregate_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """Table 1 of the sweep (accuracies in %), or for a search the trials best first."""
-    from pefusion.analysis.fusion_tables import search_table, table1
+    from pefusion.analysis.fusion_tables import table1
+    from pefusion.analysis.search import search_table
 
     frame = _as_trial_frame(rows)
     if (frame[R.STATUS] == R.STATUS_OK).any() and frame[[R.PE_TYPE, R.FUSION]].drop_duplicates().shape[0] > 1:
@@ -190,14 +195,3 @@ def summary_table(rows: pd.DataFrame) -> str:
     for _, r in rows[~rows[R.STATUS].isin(R.SUCCESS_STATUSES)].iterrows():
         lines.append(f"  failed: {trial_run_name(r.to_dict())} [{r[R.STATUS]}] {r.get(R.ERROR, '')}")
     return "\n".join(lines)
-
-
-def budget_summary(rows: pd.DataFrame, max_t: int) -> dict[str, float]:
-    """Epochs actually trained against the epochs of the same samples run to max_t."""
-    trained = float(rows[R.EPOCHS_RUN].fillna(0).sum())
-    full = float(len(rows) * max_t)
-    return {"epochs_trained": trained, "epochs_full_budget": full, "budget_fraction": trained / full if full else 0.0,
-            "n_stopped": float((rows[R.STATUS] == R.STATUS_STOPPED).sum()),
-            "n_failed": float((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum()),
-            "best_val_acc": float(rows[R.VAL_ACC].max()) if R.VAL_ACC in rows and rows[R.VAL_ACC].notna().any()
-            else float("nan")}

@@ -1,4 +1,5 @@
-"""Search-space files: a small YAML schema, validated before Ray starts, converted to Ray Tune objects.
+"""Search-space files: a small YAML schema, validated before Ray starts, converted to Ray Tune objects (and to
+Optuna distributions, with which the analysis rebuilds a finished search).
 
 A file maps each key to one dimension::
 
@@ -287,3 +288,18 @@ def to_tune(space: SearchSpace) -> dict[str, Any]:
 
     return {key: convert(dim) for key, dim in space.items()}
 
+
+
+def to_optuna(space: SearchSpace) -> dict[str, Any]:
+    """Optuna distributions of the keys a trial samples (grid and choice: categorical; ranges as Ray Tune's
+    OptunaSearch converts them, randint's high exclusive); constants are left out."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    def convert(dim: Dimension) -> Any:
+        if isinstance(dim, (Grid, Choice)):
+            return CategoricalDistribution(dim.values)
+        if isinstance(dim, (Uniform, LogUniform)):
+            return FloatDistribution(dim.lo, dim.hi, log=isinstance(dim, LogUniform))
+        return IntDistribution(dim.lo, dim.hi - 1)
+
+    return {key: convert(dim) for key, dim in space.items() if not isinstance(dim, Constant)}
