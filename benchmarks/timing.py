@@ -4,11 +4,10 @@ as one JSON line)."""
 from __future__ import annotations
 
 import gc
-import sys
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TextIO
 
-from pefusion.cli.flags import print_result
+from pefusion.cli.flags import json_line
 
 
 def timed(fn: Callable[[], object], *, collect: bool = False) -> tuple[object, float, float]:
@@ -52,11 +51,22 @@ def train_interleaved(sides: list[Side], epochs: int) -> None:
 
 
 def rounded(record: dict) -> dict:
-    """The record with its floats cut to 4 significant digits, as the benchmarks print them."""
-    return {k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in record.items()}
+    """The record with its floats cut to 4 significant digits (also inside lists and dicts), as the benchmarks
+    print them."""
+    def cut(v):
+        if isinstance(v, float):
+            return float(f"{v:.4g}")
+        if isinstance(v, (list, tuple)):
+            return [cut(x) for x in v]
+        return {k: cut(x) for k, x in v.items()} if isinstance(v, dict) else v
+    return cut(record)
 
 
-def emit(record: dict) -> None:
-    """The record, rounded, as one JSON line, flushed: a long benchmark's lines appear as they are measured."""
-    print_result(rounded(record), as_json=True)
-    sys.stdout.flush()
+def emit(record: dict, also: TextIO | None = None) -> None:
+    """The record, rounded, as one JSON line on stdout and, with `also`, the same line into that file; flushed:
+    a long benchmark's lines appear as they are measured."""
+    line = json_line(rounded(record))
+    print(line, flush=True)
+    if also is not None:
+        also.write(line + "\n")
+        also.flush()

@@ -35,12 +35,18 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
     sys.exit(code)
 
 
+def json_line(result: dict) -> str:
+    """`result` as one line of strict JSON: a non-finite number (a diverged fit) is null, since strict parsers
+    reject NaN."""
+    finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in result.items()}
+    return json.dumps(finite, allow_nan=False)
+
+
 def print_result(result: dict, as_json: bool) -> None:
-    """A command's result: one JSON line (for scripts and notes), or `key: value` lines for reading. In JSON a
-    non-finite number (a diverged fit) is null: strict parsers reject NaN."""
+    """A command's result: one JSON line (`json_line`, for scripts and notes), or `key: value` lines for
+    reading."""
     if as_json:
-        finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in result.items()}
-        print(json.dumps(finite, allow_nan=False))
+        print(json_line(result))
         return
     width = max(map(len, result), default=0)
     for key, value in result.items():

@@ -68,9 +68,18 @@ def iter_batches(split: EncodedSplit, batch_size: int, *, shuffle: bool, seed: i
         tokens = torch.from_numpy(pad_batch(split, index))
         labels = torch.from_numpy(split.labels[index])
         idx = torch.from_numpy(index.astype(np.int64, copy=False))
-        if device is not None:
-            tokens, labels, idx = tokens.to(device), labels.to(device), idx.to(device)
-        yield Batch(tokens, labels, idx)
+        yield Batch(to_device(tokens, device), to_device(labels, device), to_device(idx, device))
+
+
+def to_device(t: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    """A host tensor on `device` (None = stay on the host). To a GPU it goes through page-locked memory with an
+    asynchronous copy, so that preparing the next batch on the host overlaps the GPU's work on this one (a copy
+    from pageable memory makes the host wait for it)."""
+    if device is None or device.type == "cpu":
+        return t
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 def length_bucket_of(raw_lengths: np.ndarray, edges: Sequence[int]) -> np.ndarray:

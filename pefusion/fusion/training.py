@@ -14,7 +14,7 @@ import math
 import statistics
 import time
 from contextlib import nullcontext
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from pefusion import record as R
 from pefusion.fusion.config import ModelConfig, TrainConfig, flat_config
 from pefusion.fusion.model import build_model_from_config
-from pefusion.data.batching import iter_batches, length_bucket_of
+from pefusion.data.batching import Batch, iter_batches, length_bucket_of
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 
 
@@ -70,7 +70,10 @@ class Trainer:
         seed_everything(train_cfg.seed)
         self.model = build_model_from_config(model_cfg, corpus.vocab_size, corpus.num_classes).to(self.device)
         opt_cls = torch.optim.AdamW if train_cfg.optimizer == "adamw" else torch.optim.Adam
-        self.optimizer = opt_cls(self.model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+        # On a GPU, one fused kernel updates every parameter instead of a few kernels per parameter tensor; the CPU
+        # keeps the default implementation, whose results the tests pin.
+        self.optimizer = opt_cls(self.model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay,
+                                 **({"fused": True} if self.device.type == "cuda" else {}))
         self.epoch = 0  # epochs completed
         self.best_val_acc = -math.inf
         self.best_epoch = 0
@@ -99,7 +102,9 @@ class Trainer:
             torch.cuda.set_rng_state_all(state["cuda_rng"])
 
     # --- one epoch ----------------------------------------------------------------------------------------
-    def _autocast(self):
+    def autocast(self) -> ContextManager:
+        """The forward pass's precision: bf16 autocast, or nothing for fp32. Losses are computed outside it, in
+        fp32, from logits cast to fp32."""
         if self.train_cfg.precision == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return nullcontext()
@@ -109,32 +114,42 @@ class Trainer:
         cfg = self.train_cfg
         return self.epoch >= cfg.max_epochs or (cfg.early_stopping and self.bad_epochs >= cfg.patience)
 
-    def train_steps(self) -> Iterator[tuple[float, int]]:
-        """The optimiser steps of epoch `self.epoch`, one per batch, each yielding (batch loss, batch size).
-        Does not advance the epoch (train_epoch does). Raises `Diverged`."""
+    def step(self, batch: Batch) -> torch.Tensor:
+        """One optimiser step on `batch` (model in training mode); returns the batch's mean loss, detached and
+        still on the device: reading it would make the host wait for the GPU, so callers read it once per epoch."""
+        with self.autocast():
+            logits = self.model(batch.tokens)  # (B, C)
+        loss = F.cross_entropy(logits.float(), batch.labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.train_cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_cfg.grad_clip)
+        self.optimizer.step()
+        return loss.detach()
+
+    def train_steps(self) -> Iterator[tuple[torch.Tensor, int]]:
+        """The optimiser steps of epoch `self.epoch`, one per batch, each yielding (batch loss as a 0-d tensor on
+        the device, batch size). Does not advance the epoch or check the loss (train_epoch does both)."""
         cfg = self.train_cfg
         self.model.train()
         for batch in iter_batches(self.corpus.train, cfg.batch_size, shuffle=True, seed=cfg.seed,
                                   epoch=self.epoch, device=self.device):
-            with self._autocast():
-                loss = F.cross_entropy(self.model(batch.tokens).float(), batch.labels)
-            if not torch.isfinite(loss):
-                raise Diverged(f"non-finite training loss ({loss.item()}) in epoch {self.epoch + 1}")
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            self.optimizer.step()
-            yield loss.item(), len(batch.labels)
+            yield self.step(batch), len(batch.labels)
 
     def train_epoch(self) -> dict[str, float]:
-        """One pass over the training split, then validation; updates early stopping. Raises `Diverged`."""
+        """One pass over the training split, then validation; updates early stopping. Raises `Diverged` when a
+        step's loss was non-finite (checked once, at the end of the epoch: a NaN or inf in any step makes the sum
+        non-finite, and checking every step would stall the GPU once per batch)."""
         cfg = self.train_cfg
         start = time.perf_counter()
-        loss_sum, n_seen = 0.0, 0
+        # float64 on the device: the same sum, rounding for rounding, as adding the float32 losses in Python
+        loss_sum, n_seen = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for loss, n in self.train_steps():
-            loss_sum += loss * n
+            loss_sum += loss.double() * n
             n_seen += n
+        train_loss = loss_sum.item() / max(n_seen, 1)
+        if not math.isfinite(train_loss):
+            raise Diverged(f"non-finite training loss ({train_loss}) in epoch {self.epoch + 1}")
         self.train_time_s += time.perf_counter() - start
         self.epoch += 1
 
@@ -144,7 +159,7 @@ class Trainer:
             self.best_state = copy.deepcopy(self.model.state_dict())
         else:
             self.bad_epochs += 1
-        metrics = {R.EPOCH: self.epoch, R.TRAIN_LOSS: loss_sum / max(n_seen, 1), R.VAL_LOSS: val["loss"],
+        metrics = {R.EPOCH: self.epoch, R.TRAIN_LOSS: train_loss, R.VAL_LOSS: val["loss"],
                    R.VAL_ACC: val["acc"]}
         self.history.append(metrics)
         return metrics
@@ -152,37 +167,49 @@ class Trainer:
     # --- evaluation ---------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, split: EncodedSplit) -> dict[str, Any]:
-        """Loss, accuracy and the predictions (in the split's order) of the current weights."""
+        """Loss, accuracy and the predictions (in the split's order) of the current weights. Losses and
+        predictions stay on the device until the split is done: one transfer, not one per batch."""
         self.model.eval()
         preds = np.empty(len(split), dtype=np.int64)
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        pred_parts, index_parts = [], []
         for batch in iter_batches(split, self.train_cfg.batch_size, shuffle=False, device=self.device):
-            with self._autocast():
-                logits = self.model(batch.tokens).float()
-            loss_sum += F.cross_entropy(logits, batch.labels, reduction="sum").item()
-            preds[batch.index.cpu().numpy()] = logits.argmax(-1).cpu().numpy()
+            with self.autocast():
+                logits = self.model(batch.tokens)  # (B, C)
+            loss_sum += F.cross_entropy(logits.float(), batch.labels, reduction="sum").double()
+            pred_parts.append(logits.argmax(-1))
+            index_parts.append(batch.index)
+        if pred_parts:
+            preds[torch.cat(index_parts).cpu().numpy()] = torch.cat(pred_parts).cpu().numpy()
         n = max(len(split), 1)
-        return {"loss": loss_sum / n, "acc": float(np.mean(preds == split.labels)) if len(split) else 0.0,
+        return {"loss": loss_sum.item() / n, "acc": float(np.mean(preds == split.labels)) if len(split) else 0.0,
                 "preds": preds}
 
-    @torch.no_grad()
     def measure_latency(self, split: EncodedSplit) -> tuple[float, float]:
         """Milliseconds per sample over `timing_repeats` full passes after `timing_warmup` passes (SPEC §3)."""
+        batches = list(iter_batches(split, self.train_cfg.batch_size, shuffle=False, device=self.device))
+        return self.forward_latency(batches)
+
+    @torch.no_grad()
+    def forward_latency(self, batches: Sequence[Batch]) -> tuple[float, float]:
+        """(mean, std) milliseconds per sample of eval-mode forward passes over `batches`: `timing_repeats` timed
+        passes after `timing_warmup` untimed ones. On a GPU the device is synchronised around each pass, and only
+        there: the clock must not stop before the GPU has finished, and nothing inside a pass waits for it."""
         cfg, sync = self.train_cfg, self.device.type == "cuda"
+        n = max(sum(len(b.labels) for b in batches), 1)
         self.model.eval()
-        batches = list(iter_batches(split, cfg.batch_size, shuffle=False, device=self.device))
         times = []
         for rep in range(cfg.timing_warmup + cfg.timing_repeats):
             if sync:
                 torch.cuda.synchronize(self.device)
             start = time.perf_counter()
-            with self._autocast():
+            with self.autocast():
                 for batch in batches:
                     self.model(batch.tokens)
             if sync:
                 torch.cuda.synchronize(self.device)
             if rep >= cfg.timing_warmup:
-                times.append((time.perf_counter() - start) * 1000.0 / max(len(split), 1))
+                times.append((time.perf_counter() - start) * 1000.0 / n)
         return float(np.mean(times)), float(statistics.pstdev(times))
 
     def final_record(self, length_edges: tuple[int, ...]) -> dict[str, Any]:
