@@ -120,11 +120,6 @@ def start_ray(opts: SweepOptions) -> str:
             raise ConfigError(f"cannot join the Ray cluster at --address {opts.address}: "
                               f"{str(exc).splitlines()[0]} (start one with `ray start --head`)") from None
     else:
-        # Ray starts a worker per CPU with the cluster; each imports torch then (~2 s of CPU, as long as the rest
-        # of a demo trial's start-up) while the driver opens MLflow, instead of after a trial is handed to it.
-        # Every trainable of both studies imports torch first. A cluster started with `ray start` takes the same
-        # variable from its environment (see the README).
-        os.environ.setdefault("RAY_preload_python_modules", "torch")
         ctx = ray.init(num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, include_dashboard=opts.dashboard,
                        dashboard_host="127.0.0.1", **kwargs)
     url = ctx.dashboard_url or ""
