@@ -61,7 +61,7 @@ class LiveSweep:
 
     # --- Tune events (driver thread; MLflow writes go to the recorder's writer thread) ---------------------------
     def start(self, trial: Trial) -> None:
-        self.recorder.wait_open()  # Tune started the trial's process meanwhile; a store that can't be used ends here
+        self.recorder.check_open()  # a store that cannot be used ends the sweep at the first event after it failed
         self.ran.add(trial.trial_id)
         params = {**self.static_params, **trial.config}
         self.recorder.later(self.recorder.trial_run, trial.trial_id, params, self.run_name(trial.config))
@@ -74,6 +74,7 @@ class LiveSweep:
                                     {k: result[k] for k in R.EPOCH_METRICS if k in result})
 
     def result(self, trial: Trial, result: Mapping[str, Any]) -> None:
+        self.recorder.check_open()
         if trial.trial_id not in self.ran:
             self.start(trial)
         if R.NODE in result and self.nodes.get(trial.trial_id) != result[R.NODE]:  # first result, or a retry

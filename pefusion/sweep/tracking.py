@@ -257,6 +257,10 @@ class SweepRecorder:
     def wait_open(self) -> None:
         """Wait until the parent run is open; a store that cannot be used ends here in one line (TrackingError)."""
         self._opened.wait()
+        self.check_open()
+
+    def check_open(self) -> None:
+        """TrackingError if opening the store failed (it may still be under way: this never waits)."""
         if self.open_error is not None:
             raise TrackingError(self.open_error)
 

@@ -256,7 +256,7 @@ def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOpt
         try:
             tuner.fit()
         except Exception:
-            if recorder.open_error is not None:  # raised by the first trial event (`LiveSweep.start`)
+            if recorder.open_error is not None:  # raised by a trial event (`LiveSweep.start`, `.result`)
                 raise TrackingError(recorder.open_error) from None
             raise
     recorder.wait_open()  # a resumed sweep with nothing left to run never waited for it
