@@ -6,7 +6,8 @@ after another in one process (the naive way), and Ray's per-trial scheduling ove
 
 Prints wall-clock seconds of both, their ratio (sequential / Ray), and the overhead per trial:
 (Ray wall × concurrency − Σ time inside the trials) / trials, i.e. what scheduling, process start-up, result
-reporting, checkpointing and MLflow logging add to each trial.
+reporting, checkpointing and MLflow logging add to each trial; and where it goes: how long after the sweep's start
+the first trial runs, the overhead between trials, and how long the sweep takes after its last trial ends.
 """
 from __future__ import annotations
 
@@ -65,11 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         start = time.perf_counter()
         start_ray(opts)
         cluster_s = time.perf_counter() - start
-        start = time.perf_counter()
+        start, wall_start = time.perf_counter(), time.time()  # trials stamp wall-clock times
         study = pefusion_study("bench", args.preset, preset, space, 1.0, corpus=corpus)
         rows = run_sweep(study, opts, f"{tmp}/results").rows
         ray_s = time.perf_counter() - start
     inside_s = float((rows["ended_at"] - rows["started_at"]).sum())
+    first_s = float(rows["started_at"].min() - wall_start)  # the sweep's start-up, before any trial runs
+    last_s = float(wall_start + ray_s - rows["ended_at"].max())  # its end: results, parent run
+    span_s = ray_s - first_s - last_s
     result = {
         "trials": len(configs), "concurrency": args.concurrency, "sequential_s": round(sequential_s, 2),
         "ray_s": round(ray_s, 2), "ray_cluster_start_s": round(cluster_s, 2),
@@ -77,6 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mean_trial_s_sequential": round(sequential_s / len(configs), 3),
         "mean_trial_s_inside_ray": round(inside_s / len(configs), 3),
         "overhead_per_trial_s": round((ray_s * args.concurrency - inside_s) / len(configs), 3),
+        # Where the overhead goes: start-up until the first trial runs, between trials, after the last one.
+        "first_trial_starts_after_s": round(first_s, 2),
+        "overhead_between_trials_per_trial_s": round((span_s * args.concurrency - inside_s) / len(configs), 3),
+        "after_last_trial_s": round(last_s, 2),
         "failed": int((rows[R.STATUS] != R.STATUS_OK).sum()),
     }
     print_result(result, args.json)
