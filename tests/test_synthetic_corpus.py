@@ -200,11 +200,11 @@ def _resolve(argv: list[str]):
 def test_synthetic_task_flag_and_preset_key(tmp_path):
     from pefusion.errors import ConfigError
 
-    assert _resolve(["--synthetic"]).synthetic_task == "order"  # every preset keeps the order task
+    assert _resolve(["--synthetic"]).synthetic_task == "order"  # the arxiv preset keeps the order task
     data = _resolve(["--synthetic-task", "relative"])
     assert data.synthetic and data.synthetic_task == "relative" and data.source_name == "synthetic-relative"
-    assert _resolve(["--preset", "demo"]).synthetic_task == "order"
-    assert _resolve(["--preset", "demo", "--synthetic-task", "spread"]).source_name == "synthetic-spread"
+    assert _resolve(["--preset", "demo"]).synthetic_task == "spread"  # the demo runs the discriminating task
+    assert _resolve(["--preset", "demo", "--synthetic-task", "relative"]).source_name == "synthetic-relative"
     assert _resolve(["--preset", "demo", "--synthetic-task", "order"]).source_name == "synthetic"
     with pytest.raises(ConfigError,
                        match="^synthetic_task='bogus' is not allowed; choose one of: order, spread, relative$"):
