@@ -149,9 +149,7 @@ def make_corpus(plan: Plan, model: str) -> EncodedCorpus:
     raw = LENGTHS[model].sample(n, rng)
     kept = np.minimum(raw, preset.model.max_len)
     vocab = preset.data.max_vocab
-    split = EncodedSplit(ids=rng.integers(2, vocab, size=int(kept.sum()), dtype=np.int32),  # 0 = PAD, 1 = UNK
-                         offsets=np.concatenate([[0], np.cumsum(kept)]).astype(np.int64),
-                         labels=rng.integers(NUM_CLASSES[model], size=n).astype(np.int64), raw_lengths=raw)
+    split = EncodedSplit.random(kept, raw, vocab, NUM_CLASSES[model], rng)
     return EncodedCorpus(train=split, validation=split, test=split, vocab_size=vocab,
                          num_classes=NUM_CLASSES[model], max_len=preset.model.max_len, name=f"bench-{model}",
                          cache_key="")

@@ -33,6 +33,16 @@ class EncodedSplit:
     def doc(self, i: int) -> np.ndarray:
         return self.ids[self.offsets[i]:self.offsets[i + 1]]
 
+    @classmethod
+    def random(cls, kept: np.ndarray, raw_lengths: np.ndarray, vocab_size: int, num_classes: int,
+               rng: np.random.Generator) -> EncodedSplit:
+        """Documents of random token ids with `kept` tokens each (`raw_lengths` before truncation) and random
+        labels: for what depends on shapes only (the GPU probe's memory, the GPU benchmark's speed)."""
+        return cls(ids=rng.integers(2, vocab_size, int(kept.sum()), dtype=np.int32),  # 0 = PAD, 1 = UNK
+                   offsets=np.concatenate([[0], np.cumsum(kept)]).astype(np.int64),
+                   labels=rng.integers(0, num_classes, len(kept), dtype=np.int64),
+                   raw_lengths=np.asarray(raw_lengths, dtype=np.int64))
+
 
 @dataclass
 class EncodedCorpus:

@@ -53,10 +53,8 @@ def probe_corpus(batch_size: int, tokens: int, vocab_size: int) -> EncodedCorpus
     rng = np.random.default_rng(0)
 
     def split(n: int) -> EncodedSplit:
-        return EncodedSplit(ids=rng.integers(2, vocab_size, n * tokens, dtype=np.int32),  # 0 = PAD, 1 = UNK
-                            offsets=np.arange(n + 1, dtype=np.int64) * tokens,
-                            labels=rng.integers(0, PROBE_CLASSES, n, dtype=np.int64),
-                            raw_lengths=np.full(n, tokens, dtype=np.int64))
+        lengths = np.full(n, tokens, dtype=np.int64)
+        return EncodedSplit.random(lengths, lengths, vocab_size, PROBE_CLASSES, rng)
 
     validation = split(batch_size)
     return EncodedCorpus(train=split(2 * batch_size), validation=validation, test=validation,

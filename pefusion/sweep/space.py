@@ -289,7 +289,6 @@ def to_tune(space: SearchSpace) -> dict[str, Any]:
     return {key: convert(dim) for key, dim in space.items()}
 
 
-
 def to_optuna(space: SearchSpace) -> dict[str, Any]:
     """Optuna distributions of the keys a trial samples (grid and choice: categorical; ranges as Ray Tune's
     OptunaSearch converts them, randint's high exclusive); constants are left out."""
