@@ -7,7 +7,9 @@ after another in one process (the naive way), and Ray's per-trial scheduling ove
 Prints wall-clock seconds of both, their ratio (sequential / Ray), and the overhead per trial:
 (Ray wall × concurrency − Σ time inside the trials) / trials, i.e. what scheduling, process start-up, result
 reporting, checkpointing and MLflow logging add to each trial; and where it goes: how long after the sweep's start
-the first trial runs, the overhead between trials, and how long the sweep takes after its last trial ends.
+the first trial runs, the overhead between trials, and how long the sweep takes after its last trial ends. Then the
+floor: the same number of trials on bare Ray Tune in the same cluster (each trial process imports what ours do and
+reports once per epoch, nothing else), its overhead by the same formula, and ours above it.
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         study = pefusion_study("bench", args.preset, preset, space, 1.0, corpus=corpus)
         rows = run_sweep(study, opts, f"{tmp}/results").rows
         ray_s = time.perf_counter() - start
+        bare = _bare_tune(len(configs), args.concurrency, preset.train.max_epochs, f"{tmp}/bare")
     inside_s = float((rows["ended_at"] - rows["started_at"]).sum())
     first_s = float(rows["started_at"].min() - wall_start)  # the sweep's start-up, before any trial runs
     last_s = float(wall_start + ray_s - rows["ended_at"].max())  # its end: results, parent run
@@ -85,8 +88,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         "first_trial_starts_after_s": round(first_s, 2),
         "overhead_between_trials_per_trial_s": round((span_s * args.concurrency - inside_s) / len(configs), 3),
         "after_last_trial_s": round(last_s, 2),
+        # The floor: the same number of trials on bare Ray Tune in the same cluster (reused actors, the same
+        # imports in each trial process, one report per epoch; no checkpoints, no MLflow, no callbacks).
+        "bare_tune_s": round(bare["wall_s"], 2),
+        "bare_tune_first_trial_starts_after_s": round(bare["first_s"], 2),
+        "bare_tune_overhead_per_trial_s": round(bare["overhead_per_trial_s"], 3),
+        "engine_overhead_above_bare_tune_per_trial_s": round(
+            (ray_s * args.concurrency - inside_s) / len(configs) - bare["overhead_per_trial_s"], 3),
         "failed": int((rows[R.STATUS] != R.STATUS_OK).sum()),
     }
     print_result(result, args.json)
     return 0
 
+
+def _bare_tune(trials: int, concurrency: int, epochs: int, storage: str, epoch_s: float = 0.1) -> dict[str, float]:
+    """Ray Tune's own cost per trial on this cluster: `trials` trials that import what a pefusion trial process
+    imports (torch, Ray Tune, the trainable's modules) and report `epochs` times, `epoch_s` apart; the same
+    formula as the sweep's overhead."""
+    from ray import tune
+
+    def bare_trial(config: dict) -> None:  # nested, so Ray pickles it by value: benchmarks/ is not installed
+        import pefusion.fusion.trainable  # noqa: F401
+
+        started = time.time()
+        for epoch in range(1, config["epochs"] + 1):
+            time.sleep(config["epoch_s"])
+            tune.report({"epoch": epoch, "started_at": started, "ended_at": time.time()})
+
+    start, wall_start = time.perf_counter(), time.time()
+    grid = tune.Tuner(
+        tune.with_resources(bare_trial, {"cpu": 1}),
+        param_space={"i": tune.grid_search(list(range(trials))), "epochs": epochs, "epoch_s": epoch_s},
+        tune_config=tune.TuneConfig(max_concurrent_trials=concurrency, reuse_actors=True),
+        run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
+    wall_s = time.perf_counter() - start
+    frame = grid.get_dataframe()
+    inside_s = float((frame["ended_at"] - frame["started_at"]).sum())
+    return {"wall_s": wall_s, "first_s": float(frame["started_at"].min() - wall_start),
+            "overhead_per_trial_s": (wall_s * concurrency - inside_s) / trials}
