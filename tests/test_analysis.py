@@ -2,6 +2,7 @@
 tables, figures and HTML report checked against numbers computed here (and scipy's tests on the same numbers)."""
 from __future__ import annotations
 
+import csv
 import math
 import os
 import subprocess
@@ -225,10 +226,10 @@ def test_search_sweep_ranks_trials_and_stopped_is_not_failed(tmp_path):
     trials = pd.DataFrame({
         RU.TRIAL_ID: ["a", "b", "c"], RU.RUN_ID: ["r1", "r2", "r3"], "lr": [1e-3, 1e-4, 3e-4],
         "batch_size": [32, 32, 32], R.STATUS: [R.STATUS_OK, R.STATUS_STOPPED, R.STATUS_ERROR],
-        R.ERROR: ["", "", "boom"], R.BEST_VAL_ACC: [0.6, 0.7, np.nan], R.TEST_ACC: [0.5, np.nan, np.nan]})
+        R.ERROR: ["", "", "boom"], R.BEST_VAL_ACC: [0.6, 0.671, np.nan], R.TEST_ACC: [0.5, np.nan, np.nan]})
     table = SE.search_table(trials)
     assert list(table[RU.TRIAL_ID]) == ["b", "a", "c"] and "batch_size" not in table  # only what varies
-    assert table[R.BEST_VAL_ACC].iloc[0] == pytest.approx(70.0)
+    assert table[R.BEST_VAL_ACC].iloc[0] == pytest.approx(67.1)
     assert list(RU.failed(trials)[RU.TRIAL_ID]) == ["c"]
     sweep = RU.Sweep("sqlite:///unused.db", "pe-fusion", trials.assign(**{RU.START_TIME: 0}), "f" * 32,
                      {R.TAG_SWEEP: "lr_batch_asha", R.TAG_COMMAND: "python sweeps/lr_batch_asha.py"})
@@ -238,6 +239,9 @@ def test_search_sweep_ranks_trials_and_stopped_is_not_failed(tmp_path):
     assert "1 ok, 1 stopped early by the scheduler, 1 failed" in text
     assert written == [tmp_path / "search_trials.csv", tmp_path / "figures" / "search_scores.png",
                        tmp_path / "figures" / "search_parallel_coordinates.png"]
+    # Percentages as a reader types them: 0.671 x 100 is 67.10000000000001 in floating point.
+    with open(tmp_path / "search_trials.csv", newline="") as f:
+        assert next(csv.DictReader(f))[R.BEST_VAL_ACC] == "67.1"
     assert "no parameter importances: only lr varies among the 2 scored trials" in text
     assert "No epoch budget" in text  # neither a max_epochs param nor a parent run's budget
 
