@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import pandas as pd
 import torch
 
 from pefusion import record as R
@@ -73,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = run_sweep(study, opts, f"{tmp}/results").rows
         ray_s = time.perf_counter() - start
         bare = _bare_tune(len(configs), args.concurrency, preset.train.max_epochs, f"{tmp}/bare")
-    inside_s = float((rows["ended_at"] - rows["started_at"]).sum())
+    inside_s = _inside_s(rows)
+    overhead_s = _overhead_per_trial(ray_s, args.concurrency, inside_s, len(configs))
     first_s = float(rows["started_at"].min() - wall_start)  # the sweep's start-up, before any trial runs
     last_s = float(wall_start + ray_s - rows["ended_at"].max())  # its end: results, parent run
     span_s = ray_s - first_s - last_s
@@ -83,18 +85,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "speedup": round(sequential_s / ray_s, 3), "speedup_with_cluster_start": round(sequential_s / (ray_s + cluster_s), 3),
         "mean_trial_s_sequential": round(sequential_s / len(configs), 3),
         "mean_trial_s_inside_ray": round(inside_s / len(configs), 3),
-        "overhead_per_trial_s": round((ray_s * args.concurrency - inside_s) / len(configs), 3),
+        "overhead_per_trial_s": round(overhead_s, 3),
         # Where the overhead goes: start-up until the first trial runs, between trials, after the last one.
         "first_trial_starts_after_s": round(first_s, 2),
-        "overhead_between_trials_per_trial_s": round((span_s * args.concurrency - inside_s) / len(configs), 3),
+        "overhead_between_trials_per_trial_s": round(
+            _overhead_per_trial(span_s, args.concurrency, inside_s, len(configs)), 3),
         "after_last_trial_s": round(last_s, 2),
         # The floor: the same number of trials on bare Ray Tune in the same cluster (reused actors, the same
         # imports in each trial process, one report per epoch; no checkpoints, no MLflow, no callbacks).
         "bare_tune_s": round(bare["wall_s"], 2),
         "bare_tune_first_trial_starts_after_s": round(bare["first_s"], 2),
         "bare_tune_overhead_per_trial_s": round(bare["overhead_per_trial_s"], 3),
-        "engine_overhead_above_bare_tune_per_trial_s": round(
-            (ray_s * args.concurrency - inside_s) / len(configs) - bare["overhead_per_trial_s"], 3),
+        "engine_overhead_above_bare_tune_per_trial_s": round(overhead_s - bare["overhead_per_trial_s"], 3),
         "failed": int((rows[R.STATUS] != R.STATUS_OK).sum()),
     }
     print_result(result, args.json)
@@ -123,6 +125,15 @@ def _bare_tune(trials: int, concurrency: int, epochs: int, storage: str, epoch_s
         run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
     wall_s = time.perf_counter() - start
     frame = grid.get_dataframe()
-    inside_s = float((frame["ended_at"] - frame["started_at"]).sum())
     return {"wall_s": wall_s, "first_s": float(frame["started_at"].min() - wall_start),
-            "overhead_per_trial_s": (wall_s * concurrency - inside_s) / trials}
+            "overhead_per_trial_s": _overhead_per_trial(wall_s, concurrency, _inside_s(frame), trials)}
+
+
+def _inside_s(trials: pd.DataFrame) -> float:
+    """Σ seconds inside the trials, from the wall-clock times each stamps at its start and end."""
+    return float((trials["ended_at"] - trials["started_at"]).sum())
+
+
+def _overhead_per_trial(wall_s: float, concurrency: int, inside_s: float, trials: int) -> float:
+    """What running on Ray adds to each trial: (wall × concurrency − Σ seconds inside the trials) / trials."""
+    return (wall_s * concurrency - inside_s) / trials
