@@ -21,7 +21,6 @@ import numpy as np
 from pefusion.data.config import DataConfig
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 from pefusion.data.readers import HUB_VALIDATION_FRACTION, SPLITS, find_split_files
-from pefusion.data.tokenizer import TOKENIZER_NAME
 
 # Bump when the cache layout or the meaning of cached arrays changes: old entries are then simply not found.
 FORMAT_VERSION = 1
@@ -54,12 +53,13 @@ def source_identity(cfg: DataConfig) -> dict[str, Any]:
 
 def cache_key(cfg: DataConfig) -> str:
     """Hash of the source identity + tokeniser settings + max_len + format version."""
-    payload = {"source": source_identity(cfg), "tokenizer": TOKENIZER_NAME, "min_freq": cfg.min_freq,
+    payload = {"source": source_identity(cfg), "tokenizer": cfg.tokenizer, "min_freq": cfg.min_freq,
                "max_vocab": cfg.max_vocab, "max_len": cfg.max_len, "format": FORMAT_VERSION}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def write_cache(entry: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any], vocab: dict[str, int]) -> None:
+def write_cache(entry: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any], vocab: dict[str, int],
+                tokenizer_json: str | None = None) -> None:
     """Write into a private temporary directory, then rename it into place: a directory rename is atomic, so a
     reader sees a complete entry or none, and of two racing writers the loser just discards its copy."""
     entry.parent.mkdir(parents=True, exist_ok=True)
@@ -67,8 +67,11 @@ def write_cache(entry: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]
     try:
         np.savez(tmp / "arrays.npz", **arrays)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        # Words never contain whitespace (they come from str.split), so one per line is unambiguous.
+        # Tokens never contain whitespace (words come from str.split or a letters-only pattern, subword pieces from
+        # a whitespace pre-tokeniser), so one per line is unambiguous.
         (tmp / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+        if tokenizer_json is not None:  # a subword tokenizer, to encode new text as the trials saw it
+            (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a cache on a shared filesystem serves other users too
         try:
             os.rename(tmp, entry)

@@ -8,6 +8,10 @@ from pefusion.errors import ConfigError, check_choice, check_positive
 
 DEFAULT_DATASET = "ccdv/arxiv-classification"
 DEFAULT_LENGTH_EDGES = (512, 1024, 2048, 4096)
+# Word-level (pefusion.data.tokenizer) and subword (pefusion.data.subword) tokenisers; `whitespace` is the paper's.
+TOKENIZERS = ("whitespace", "words", "wordpiece", "bpe")
+# The DataConfig fields a search space may set or search, one token-id corpus per distinct combination.
+TOKENIZER_KEYS = ("tokenizer", "max_vocab", "min_freq")
 
 
 @dataclass(frozen=True)
@@ -25,8 +29,9 @@ class DataConfig:
     text_column: str = "text"
     label_column: str = "label"
     max_len: int = 4096  # tokens kept per document (truncation); the cache key includes it
-    min_freq: int = 2
-    max_vocab: int = 50_000
+    tokenizer: str = "whitespace"
+    min_freq: int = 2  # word-level: fewest occurrences of a kept word; subword: of a merged pair
+    max_vocab: int = 50_000  # specials included
     length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES
     cache_dir: str | None = None  # default: $PEFUSION_CACHE or ~/.cache/pefusion
     # synthetic corpus size and seed (ignored for the other sources)
@@ -40,10 +45,16 @@ class DataConfig:
         for key in ("max_len", "min_freq", "max_vocab", "synthetic_train", "synthetic_val", "synthetic_test"):
             check_positive(key, getattr(self, key))
         check_choice("synthetic_task", self.synthetic_task, SYNTHETIC_TASKS)
+        check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         edges = tuple(int(e) for e in self.length_edges)
         if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] <= 0:
             raise ConfigError(f"length_edges={self.length_edges!r} must be positive and strictly increasing")
         object.__setattr__(self, "length_edges", edges)
+
+    @property
+    def tokenizer_setting(self) -> str:
+        """The tokeniser settings as one short label, e.g. 'words/50000/2': which corpus a trial reads."""
+        return "/".join(str(getattr(self, k)) for k in TOKENIZER_KEYS)
 
     @property
     def source_name(self) -> str:

@@ -16,7 +16,8 @@ from pefusion.data.cache import FORMAT_VERSION, cache_key, cache_root, read_cach
 from pefusion.data.config import DataConfig
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 from pefusion.data.readers import SPLITS, DataError, map_labels, read_source
-from pefusion.data.tokenizer import TOKENIZER_NAME, UNK_ID, encode, encode_training_split
+from pefusion.data.subword import encode_subword, subword_vocabulary, train_subword
+from pefusion.data.tokenizer import UNK_ID, WORD_TOKENIZERS, encode, encode_training_split
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,12 @@ def load_corpus(cfg: DataConfig) -> EncodedCorpus:
                                 f"{cfg.text_column!r}")
         labels, label_names = map_labels(raw, cfg.label_column, class_names)
         TOKENISATIONS += 1
-        vocab, train = encode_training_split(raw["train"].texts, cfg.min_freq, cfg.max_vocab, cfg.max_len)
-        encoded = {"train": train} | {s: encode(raw[s].texts, vocab, cfg.max_len) for s in SPLITS[1:]}
+        vocab, encoded, tokenizer_json = _encode_splits(cfg, {s: raw[s].texts for s in SPLITS})
         splits = {s: EncodedSplit(ids, offsets, labels[s], raw_lengths)
                   for s, (ids, offsets, raw_lengths) in encoded.items()}
         meta = {
             "format": FORMAT_VERSION, "source": source_identity(cfg), "name": cfg.source_name,
-            "tokenizer": TOKENIZER_NAME, "min_freq": cfg.min_freq, "max_vocab": cfg.max_vocab,
+            "tokenizer": cfg.tokenizer, "min_freq": cfg.min_freq, "max_vocab": cfg.max_vocab,
             "max_len": cfg.max_len, "vocab_size": len(vocab), "num_classes": len(label_names),
             "label_names": list(label_names),
             "docs": {s: len(splits[s]) for s in SPLITS},
@@ -59,8 +59,20 @@ def load_corpus(cfg: DataConfig) -> EncodedCorpus:
         }
         arrays = {f"{s}_{name}": getattr(splits[s], name)
                   for s in SPLITS for name in ("ids", "offsets", "labels", "raw_lengths")}
-        write_cache(entry, arrays, meta, vocab)
+        write_cache(entry, arrays, meta, vocab, tokenizer_json)
         log.info("tokenised %s: %s docs, vocab %d, cached at %s", cfg.source_name, meta["docs"], len(vocab), entry)
     return EncodedCorpus(train=splits["train"], validation=splits["validation"], test=splits["test"],
                          vocab_size=meta["vocab_size"], num_classes=meta["num_classes"], max_len=cfg.max_len,
                          name=cfg.source_name, cache_key=key, label_names=tuple(meta["label_names"]), meta=meta)
+
+
+def _encode_splits(cfg: DataConfig, texts: dict[str, list[str]]) -> tuple[dict[str, int], dict[str, tuple], str | None]:
+    """The vocabulary learned from the training split, each split's (ids, offsets, raw_lengths), and for a
+    subword tokeniser its JSON (None for word-level ones)."""
+    if cfg.tokenizer in WORD_TOKENIZERS:
+        vocab, train = encode_training_split(texts["train"], cfg.min_freq, cfg.max_vocab, cfg.max_len, cfg.tokenizer)
+        rest = {s: encode(texts[s], vocab, cfg.max_len, cfg.tokenizer) for s in SPLITS[1:]}
+        return vocab, {"train": train} | rest, None
+    tok = train_subword(texts["train"], cfg.tokenizer, cfg.max_vocab, cfg.min_freq)
+    return (subword_vocabulary(tok), {s: encode_subword(tok, texts[s], cfg.max_len) for s in SPLITS},
+            tok.to_str())
