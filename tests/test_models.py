@@ -448,24 +448,38 @@ def reference_positions(pe_type: str, w: dict[str, torch.Tensor], T: int) -> tor
     return torch.zeros(T, D)
 
 
-@pytest.mark.parametrize("pe_type,fusion,norm_first,activation", [
-    ("learned", "gate_scalar", False, "relu"), ("learned", "gate_scalar", True, "gelu"),
-    ("sinusoidal", "concat", False, "relu"), ("rope", "mlp_gate", False, "relu"),
-    ("relative", "gate_cnn", False, "relu"), ("none", "add", False, "relu")])
-def test_classifier_equals_paper_model_built_from_torch_modules(pe_type, fusion, norm_first, activation):
+# The text preset's recipe (pefusion.fusion.config): pre-LN + GELU with nn.TransformerEncoder's final norm, and
+# the embedding without √d.
+TEXT_RECIPE = dict(norm_first=True, activation="gelu", final_norm=True, embed_scale=False)
+
+
+@pytest.mark.parametrize("pe_type,fusion,recipe", [
+    ("learned", "gate_scalar", dict(norm_first=False, activation="relu")),
+    ("learned", "gate_scalar", dict(norm_first=True, activation="gelu")),
+    ("sinusoidal", "concat", dict(norm_first=False, activation="relu")),
+    ("rope", "mlp_gate", dict(norm_first=False, activation="relu")),
+    ("relative", "gate_cnn", dict(norm_first=False, activation="relu")),
+    ("none", "add", dict(norm_first=False, activation="relu")),
+    ("sinusoidal", "add", TEXT_RECIPE), ("learned", "gate_vector", dict(TEXT_RECIPE, embed_scale=True))])
+def test_classifier_equals_paper_model_built_from_torch_modules(pe_type, fusion, recipe):
     """Logits = head(mean over real tokens of TransformerEncoder(fuse(Embedding(x)·√d, P))), with PyTorch's own
-    encoder stack and everything else from SPEC's formulas on the model's parameters by name."""
-    model = tiny_model(pe_type, fusion, norm_first=norm_first, activation=activation).eval()
+    encoder stack (and its final LayerNorm for final_norm) and everything else from SPEC's formulas on the model's
+    parameters by name."""
+    model = tiny_model(pe_type, fusion, **recipe).eval()
+    final = nn.LayerNorm(D) if recipe.get("final_norm") else None
     stack = nn.TransformerEncoder(
-        nn.TransformerEncoderLayer(D, NHEAD, FF, 0.1, activation=activation, batch_first=True, norm_first=norm_first),
-        num_layers=LAYERS, enable_nested_tensor=False).eval()
+        nn.TransformerEncoderLayer(D, NHEAD, FF, 0.1, activation=recipe["activation"], batch_first=True,
+                                   norm_first=recipe["norm_first"]),
+        num_layers=LAYERS, norm=final, enable_nested_tensor=False).eval()
     for ours, theirs in zip(model.layers, stack.layers):
         theirs.load_state_dict(ours.state_dict())
     w = {name: p.detach() for name, p in model.named_parameters()}
+    if final is not None:
+        final.load_state_dict({"weight": w["final_norm.weight"].uniform_(0.5, 1.5), "bias": w["final_norm.bias"]})
     x = documents(20, 9, 14, T=20)
     pad = x == 0
     with torch.no_grad():
-        E = w["embed.weight"][x] * math.sqrt(D)
+        E = w["embed.weight"][x] * (math.sqrt(D) if recipe.get("embed_scale", True) else 1.0)
         fuse = {name.removeprefix("fuse."): p for name, p in w.items() if name.startswith("fuse.")}
         H = reference_fuse(fusion, fuse, E, reference_positions(pe_type, w, 20)[None], pad)
         out = stack(H, src_key_padding_mask=pad)

@@ -86,17 +86,19 @@ def add_preset_flag(parser: argparse.ArgumentParser, default: str, presets: Mapp
                              + "; ".join(f"{k}: {v.description}" for k, v in sorted(presets.items())))
 
 
-def _demo_search_space(name: str) -> Path:
-    """The file --preset demo uses instead of search_spaces/<name>.yaml: <name>_demo.yaml (if it exists)."""
-    return SEARCH_SPACES / name.replace(".yaml", "_demo.yaml")
+def _preset_search_spaces(name: str) -> dict[str, Path]:
+    """The files a preset uses instead of search_spaces/<name>.yaml: <name>_<preset>.yaml, for each preset that has
+    one (e.g. lr_batch_demo.yaml for --preset demo, lr_batch_text.yaml for --preset text)."""
+    stem = name.removesuffix(".yaml")
+    return {p.stem[len(stem) + 1:]: p for p in sorted(SEARCH_SPACES.glob(f"{stem}_*.yaml"))}
 
 
 def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_space: str) -> None:
     g = parser.add_argument_group("sweep")
-    demo = _demo_search_space(search_space)
+    variants = "".join(f"; with --preset {preset}, search_spaces/{path.name}"
+                       for preset, path in _preset_search_spaces(search_space).items())
     g.add_argument("--search-space", default=None,
-                   help=f"search-space YAML file (default: search_spaces/{search_space}"
-                        + (f"; with --preset demo, search_spaces/{demo.name}" if demo.exists() else "") + ")")
+                   help=f"search-space YAML file (default: search_spaces/{search_space}{variants})")
     parser.set_defaults(default_search_space=search_space)
     g.add_argument("--address", help="Ray cluster to join: 'auto' for a running `ray start --head` "
                                      "(default: start a local cluster)")
@@ -147,13 +149,12 @@ def gpus_per_trial(text: str) -> float | str:
 
 
 def search_space_path(args: argparse.Namespace) -> str:
-    """--search-space, else the sweep's file for the preset (`<name>_demo.yaml` for --preset demo, if present)."""
+    """--search-space, else the sweep's file for the preset (`<name>_<preset>.yaml` if present, e.g.
+    lr_batch_demo.yaml for --preset demo), else `<name>.yaml`."""
     if args.search_space:
         return args.search_space
-    demo = _demo_search_space(args.default_search_space)
-    if getattr(args, "preset", "") == "demo" and demo.exists():
-        return str(demo)
-    return str(SEARCH_SPACES / args.default_search_space)
+    variant = _preset_search_spaces(args.default_search_space).get(getattr(args, "preset", ""))
+    return str(variant or SEARCH_SPACES / args.default_search_space)
 
 
 def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | None = None):

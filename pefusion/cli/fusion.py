@@ -13,14 +13,17 @@ import pandas as pd
 
 from pefusion import record as R
 from pefusion.cli.flags import search_space_path, sweep_options
+from pefusion.data.config import TOKENIZER_KEYS, DataConfig
 from pefusion.data.encoded import EncodedCorpus
 from pefusion.data.corpus import load_corpus
 from pefusion.errors import ConfigError
-from pefusion.fusion.config import (PRESETS, RULES, Preset, check_pe_fusion_pairs, flat_config, smoke_budget)
+from pefusion.fusion.config import (PRESETS, RULES, Preset, check_pe_fusion_pairs, flat_config, smoke_budget,
+                                    trial_data)
 from pefusion.fusion.probe import largest_trial_peak
 from pefusion.fusion.trainable import check_trial_config, pefusion_trainable, trial_run_name
 from pefusion.sweep.driver import StudySweep, run_sweep
-from pefusion.sweep.space import SearchSpace, grid_size, load_search_space, require_no_grid
+from pefusion.sweep.space import (Choice, Constant, Grid, SearchSpace, SearchSpaceError, grid_size, load_search_space,
+                                  require_no_grid)
 
 
 def resolve_preset(args: argparse.Namespace) -> Preset:
@@ -62,26 +65,47 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
                    describe: bool = False, **search: Any) -> StudySweep:
     """Study A as the engine sees it: trials of `space` over `preset`, on `corpus` (default: the preset's data,
     loaded after validation). `search`: StudySweep's metric, mode, scheduler, search_alg, num_samples."""
+    settings = corpus_settings(space, preset)
+
     def ship() -> dict[str, Any]:
-        return {"corpus": corpus or load_corpus(preset.data), "base": preset, "cpus": cpus,
-                "length_edges": preset.data.length_edges}
+        given = {preset.data.tokenizer_setting: corpus} if corpus is not None else {}
+        return {"corpora": {key: given.get(key) or load_corpus(cfg) for key, cfg in settings.items()},
+                "base": preset, "cpus": cpus, "length_edges": preset.data.length_edges}
 
     def line(shipped: dict[str, Any]) -> str:
-        c = shipped["corpus"]
+        corpora = shipped["corpora"]
+        c = next(iter(corpora.values()))
+        vocab = (f"vocabulary {c.vocab_size}" if len(corpora) == 1 else "vocabularies "
+                 + ", ".join(f"{v.vocab_size} ({key})" for key, v in corpora.items()))
         return (f"{grid_size(space)} trials on {c.name}: {len(c.train)} train / {len(c.validation)} validation / "
-                f"{len(c.test)} test documents, vocabulary {c.vocab_size}") if describe else ""
+                f"{len(c.test)} test documents, {vocab}") if describe else ""
 
     dataset = preset.data.source_name
     return StudySweep(
         sweep=sweep, preset=preset_name, space=space, trainable=trainable, ship=ship,
         check_point=lambda point: check_trial_config(point, preset),
-        static_params={R.DATASET: dataset, **flat_config(preset.model, preset.train)},
+        static_params={R.DATASET: dataset, **flat_config(preset.model, preset.train),
+                       **{k: getattr(preset.data, k) for k in TOKENIZER_KEYS}},
         identity={R.PE_TYPE: preset.model.pe_type, R.FUSION: preset.model.fusion, R.SEED: preset.train.seed,
                   R.DATASET: dataset},
         sort_keys=(R.PE_TYPE, R.FUSION, R.SEED, "lr", "batch_size"), run_name=trial_run_name,
         progress_metric=R.TEST_ACC, describe=line,
         results_file="results_by_seed", tables=lambda rows: {"results_aggregated": aggregate_rows(rows)},
         gpu_probe=functools.partial(largest_trial_peak, base=preset), **search)
+
+
+def corpus_settings(space: SearchSpace, preset: Preset) -> dict[str, DataConfig]:
+    """The data config of each distinct tokeniser setting the space's trials can have, by
+    DataConfig.tokenizer_setting: each is one corpus, tokenised before Ray starts."""
+    for key in TOKENIZER_KEYS:
+        if key in space and not isinstance(space[key], (Grid, Choice, Constant)):
+            raise SearchSpaceError(f"{space.source}: {key}: each value is a corpus tokenised before the sweep starts, "
+                                   f"so it takes a constant, grid or choice, not a range")
+    configs: dict[str, DataConfig] = {}
+    for point in space.points():
+        cfg = trial_data(point, preset)
+        configs.setdefault(cfg.tokenizer_setting, cfg)
+    return configs
 
 
 def _load_space(args: argparse.Namespace, preset: Preset) -> SearchSpace:

@@ -8,7 +8,10 @@
 `EncoderLayer` has exactly the parameters of nn.TransformerEncoderLayer (same names, so state_dicts are
 interchangeable) but runs attention through F.scaled_dot_product_attention, with hooks for the attention-level
 PEs (`rotary` on q/k, `alibi` on the logits). Like nn.TransformerEncoder with its default `norm=None`, there is
-no final LayerNorm after the stack, also with pre-LN; this keeps the parameter count equal to the paper's model.
+no final LayerNorm after the stack by default, also with pre-LN; this keeps the parameter count equal to the
+paper's model. `final_norm` adds it (nn.TransformerEncoder's `norm=LayerNorm(d)`) for pre-LN stacks, whose
+residual stream otherwise reaches the pooling unnormalised; `embed_dropout` drops features of the fused H and
+`embed_scale=False` leaves out the √d.
 
 Training on a CPU, dropout runs through `pefusion.fusion.attention` (`attention` for the attention
 probabilities, instead of SDPA's math path, and `Dropout` for activations).
@@ -103,6 +106,8 @@ class PEFusionClassifier(nn.Module):
                          config.attn_dropout)
             for _ in range(config.num_layers)
         )
+        self.final_norm = nn.LayerNorm(d) if config.final_norm else None
+        self.embed_dropout = Dropout(config.embed_dropout) if config.embed_dropout > 0 else None
         self.head = nn.Linear(d, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -112,9 +117,13 @@ class PEFusionClassifier(nn.Module):
             raise ValueError(f"input length {T} exceeds the model's max_len={self.config.max_len}: "
                              f"truncate documents to at most max_len tokens or build the model with a larger max_len")
         pad = x == 0  # (B, T)
-        h = self.embed(x) * math.sqrt(self.config.d_model)  # (B, T, d)
+        h = self.embed(x)  # (B, T, d)
+        if self.config.embed_scale:
+            h = h * math.sqrt(self.config.d_model)
         if self.config.fusion != "none":
             h = self.fuse(h, self.positional(T), pad)
+        if self.embed_dropout is not None:
+            h = self.embed_dropout(h)
         # A document of padding only would give all-masked softmax rows (NaN): let it attend everywhere; its
         # pooled vector is zero anyway.
         attend = ~pad | pad.all(dim=1, keepdim=True)  # (B, T)
@@ -125,6 +134,8 @@ class PEFusionClassifier(nn.Module):
         rotary = self.positional if isinstance(self.positional, Rotary) else None
         for layer in self.layers:
             h = layer(h, attn_mask, rotary)
+        if self.final_norm is not None:
+            h = self.final_norm(h)
         keep = (~pad).unsqueeze(-1).to(h.dtype)  # (B, T, 1)
         pooled = (h * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)  # (B, d)
         return self.head(pooled)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
-from pefusion.fusion.config import ModelConfig, Preset, TrainConfig, flat_config, split_trial_config
+from pefusion.fusion.config import ModelConfig, Preset, TrainConfig, flat_config, split_trial_config, trial_data
 from pefusion.fusion.training import Trainer
 
 # Trial keys whose larger values never need less memory: of each, a sweep's largest trial takes the largest value.
@@ -75,7 +75,7 @@ def largest_trial_peak(points: Sequence[dict[str, Any]], base: Preset) -> tuple[
     peak for the trial's whole life, fragmentation included, and that is what the next trial on the card cannot
     have. Raises torch.cuda.OutOfMemoryError naming the trial if one does not fit on the card alone."""
     device = torch.device("cuda")
-    tokens, vocab_size = base.data.max_len, base.data.max_vocab
+    tokens, vocab_size = base.data.max_len, max(trial_data(p, base).max_vocab for p in points)
     peaks = []
     for model, train in largest_trials(points, base):
         what = in_words(model, train, tokens)

@@ -2,8 +2,9 @@
 
 The trainable follows Ray Tune's own examples: build (model from the trial config), restore
 (`tune.get_checkpoint()`), step (one epoch), report (`tune.report(metrics, checkpoint=...)`), and a final report
-carrying the SPEC §3 record. The tokenised corpus arrives once per node through the object store
-(`tune.with_parameters`), never re-read per trial.
+carrying the SPEC §3 record. The tokenised corpora, one per distinct tokeniser setting of the search space, arrive
+once per node through the object store (`tune.with_parameters`), never re-read per trial; their arrays are read
+in place from shared memory, so a trial touches only the corpus of its own setting.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import ray
 import torch
@@ -21,7 +22,7 @@ from ray import tune
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.fusion.config import ModelConfig, Preset, split_trial_config
+from pefusion.fusion.config import ModelConfig, Preset, split_trial_config, trial_data
 from pefusion.fusion.model import build_model_from_config
 from pefusion.data.encoded import EncodedCorpus
 from pefusion.fusion.training import Diverged, Trainer
@@ -63,14 +64,15 @@ def load_checkpoint(folder: str | Path) -> torch.nn.Module:
     return model.eval()
 
 
-def pefusion_trainable(config: dict[str, Any], *, corpus: EncodedCorpus, base: Preset, cpus: float,
+def pefusion_trainable(config: dict[str, Any], *, corpora: Mapping[str, EncodedCorpus], base: Preset, cpus: float,
                        length_edges: tuple[int, ...]) -> None:
-    """One PE-fusion trial under Tune: per-epoch reports with a resumable checkpoint, then the final record."""
+    """One PE-fusion trial under Tune: per-epoch reports with a resumable checkpoint, then the final record.
+    `corpora`: the encoded corpus of each tokeniser setting (DataConfig.tokenizer_setting) the space uses."""
     torch.set_num_threads(max(1, int(cpus)))
     started = time.time()
     node = {R.NODE: ray.get_runtime_context().get_node_id()}  # which node ran it (a tag of its MLflow run)
     model_cfg, train_cfg = split_trial_config(config, base)
-    trainer = Trainer(model_cfg, train_cfg, corpus)
+    trainer = Trainer(model_cfg, train_cfg, corpora[trial_data(config, base).tokenizer_setting])
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
@@ -101,6 +103,7 @@ def trial_run_name(config: dict[str, Any]) -> str:
 def check_trial_config(config: dict[str, Any], base: Preset) -> None:
     """A ConfigError unless `config` over `base` builds a model and a training protocol for the base's data."""
     model_cfg, _ = split_trial_config(config, base)
+    trial_data(config, base)  # the tokeniser keys build a DataConfig
     if base.data.max_len > model_cfg.max_len:
         raise ConfigError(f"max_len={model_cfg.max_len} is shorter than the data's {base.data.max_len} "
                           f"tokens per document: raise max_len or pass --max-len {model_cfg.max_len}")

@@ -5,7 +5,8 @@ same loop for scripts and tests. Both end in the SPEC §3 record, a plain dict k
 
 Why a class with `state_dict()`: a Tune trial may be killed and resumed; the checkpoint carries the model, the
 optimiser, the early-stopping counters, the best weights and the RNG state, so a resumed trial continues
-bit-identically on CPU (batch order is a function of (seed, epoch), dropout draws come from the restored RNG).
+bit-identically on CPU (batch order is a function of (seed, epoch), dropout draws come from the restored RNG, and
+the learning rate of a step is a function of its index, epoch × steps per epoch + batch).
 """
 from __future__ import annotations
 
@@ -57,6 +58,20 @@ def macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     return float(f1.mean()) if len(labels) else 0.0
 
 
+def lr_factor(step: int, total: int, warmup_steps: int, schedule: str) -> float:
+    """The multiplier of the base learning rate at optimiser step `step` (0-based) of `total`: linear warm-up
+    (step + 1) / warmup_steps over the first warmup_steps, then 1 (constant), or a cosine or linear decay over
+    the remaining steps that reaches 0 one step after the last."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total - warmup_steps)  # in [0, 1)
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - progress
+    return 1.0
+
+
 class Trainer:
     """Builds the model and optimiser for one trial and steps it one epoch at a time."""
 
@@ -74,6 +89,12 @@ class Trainer:
         # keeps the default implementation, whose results the tests pin.
         self.optimizer = opt_cls(self.model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay,
                                  **({"fused": True} if self.device.type == "cuda" else {}))
+        # The schedule spans the whole max_epochs budget (under ASHA: max_t), as a trial cannot know it will be
+        # stopped early; an epoch has ceil(N / batch_size) steps (batching.batch_order).
+        self.steps_per_epoch = math.ceil(len(corpus.train) / train_cfg.batch_size)
+        self.total_steps = self.steps_per_epoch * train_cfg.max_epochs
+        self.warmup_steps = round(train_cfg.warmup * self.total_steps)
+        self.scheduled = train_cfg.lr_schedule != "constant" or self.warmup_steps > 0
         self.epoch = 0  # epochs completed
         self.best_val_acc = -math.inf
         self.best_epoch = 0
@@ -119,7 +140,7 @@ class Trainer:
         still on the device: reading it would make the host wait for the GPU, so callers read it once per epoch."""
         with self.autocast():
             logits = self.model(batch.tokens)  # (B, C)
-        loss = F.cross_entropy(logits.float(), batch.labels)
+        loss = F.cross_entropy(logits.float(), batch.labels, label_smoothing=self.train_cfg.label_smoothing)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.train_cfg.grad_clip > 0:
@@ -132,9 +153,17 @@ class Trainer:
         the device, batch size). Does not advance the epoch or check the loss (train_epoch does both)."""
         cfg = self.train_cfg
         self.model.train()
-        for batch in iter_batches(self.corpus.train, cfg.batch_size, shuffle=True, seed=cfg.seed,
-                                  epoch=self.epoch, device=self.device):
+        for i, batch in enumerate(iter_batches(self.corpus.train, cfg.batch_size, shuffle=True, seed=cfg.seed,
+                                               epoch=self.epoch, device=self.device)):
+            if self.scheduled:
+                self.set_lr(self.epoch * self.steps_per_epoch + i)
             yield self.step(batch), len(batch.labels)
+
+    def set_lr(self, step: int) -> None:
+        """The learning rate of optimiser step `step` (0-based) under the configured schedule."""
+        lr = self.train_cfg.lr * lr_factor(step, self.total_steps, self.warmup_steps, self.train_cfg.lr_schedule)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def train_epoch(self) -> dict[str, float]:
         """One pass over the training split, then validation; updates early stopping. Raises `Diverged` when a
