@@ -1,0 +1,102 @@
+"""`scripts/student_theory.py`'s command line: the d → ∞ curves and α_c(ω) of pefusion.student.theory.
+
+Kept apart from `pefusion.cli.student` (the sweeps' command line, which imports Ray): the theory runs on torch
+alone.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from typing import Sequence
+
+import torch
+
+from pefusion.errors import ConfigError
+from pefusion.student import theory as TH
+
+A_NAMES = {"standard": "default", "alt": "alt"}  # --A value -> pefusion.student.config.TEACHER_A key
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # a ConfigError, so run_main prints one line and exits 2
+        raise ConfigError(message)
+
+
+def value_range(flag: str, text: str) -> list[float]:
+    """`start:stop:step` (stop included) or a comma-separated list: `0.2:3.0:0.1`, `0,0.3`."""
+    try:
+        if ":" not in text:
+            return [float(x) for x in text.split(",") if x.strip()]
+        start, stop, step = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: give start:stop:step (e.g. 0.2:3.0:0.1) or a comma-separated list") \
+            from None
+    if not (step > 0 and stop >= start and all(map(math.isfinite, (start, stop, step)))):
+        raise ConfigError(f"{flag} {text!r}: start:stop:step needs a step > 0 and stop >= start")
+    count = int(math.floor((stop - start) / step + 1e-9)) + 1
+    return [round(start + i * step, 10) for i in range(count)]
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = _Parser(description="The d -> infinity prediction of the student attention model (SPEC §11): the fixed "
+                             "point on the semantic and positional branches, and alpha_c(omega).")
+    ap.add_argument("--omega", type=float, default=0.3, help="positional weight of the teacher (default 0.3)")
+    ap.add_argument("--omegas", help="several omegas for the phase boundary with --alpha-c, e.g. 0:0.4:0.05")
+    ap.add_argument("--sigma", type=float, default=0.5, help="token standard deviation (default 0.5)")
+    ap.add_argument("--lam", type=float, default=0.01, help="weight decay lambda (default 0.01)")
+    ap.add_argument("--A", dest="teacher_A", default="standard", choices=tuple(A_NAMES),
+                    help="the teacher's positional matrix: standard [[0.6,0.4],[0.4,0.6]] or alt "
+                         "[[0.3,0.7],[0.8,0.2]]")
+    ap.add_argument("--alphas", default="0.2:3.0:0.1", help="alphas of the curve (default 0.2:3.0:0.1)")
+    ap.add_argument("--out", help="write the curve as CSV here (columns " + ",".join(TH.COLUMNS) + ")")
+    ap.add_argument("--alpha-c", action="store_true", help="print alpha_c(omega), where the two branches' training "
+                                                           "losses cross, as the last line")
+    ap.add_argument("--nodes", type=int, default=TH.DEFAULT_NODES,
+                    help=f"Gauss-Hermite nodes per axis of the 4-D rule (default {TH.DEFAULT_NODES})")
+    ap.add_argument("--damping", type=float, default=TH.DEFAULT_DAMPING,
+                    help=f"x <- damping*x + (1-damping)*F(x) (default {TH.DEFAULT_DAMPING})")
+    ap.add_argument("--tol", type=float, default=TH.DEFAULT_TOL,
+                    help=f"stop when one step changes q, m and theta by less than this (default {TH.DEFAULT_TOL})")
+    ap.add_argument("--max-iter", type=int, default=TH.DEFAULT_MAX_ITER,
+                    help=f"iterations before a point is reported not converged (default {TH.DEFAULT_MAX_ITER})")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write the curve (--out, else print it as CSV unless --alpha-c) and print alpha_c per omega (--alpha-c)."""
+    args = parser().parse_args(argv)
+    solver = TH.Solver(nodes=args.nodes, damping=args.damping, tol=args.tol, max_iter=args.max_iter)
+    if args.threads < 1:
+        raise ConfigError(f"--threads {args.threads}: give at least 1")
+    torch.set_num_threads(args.threads)
+    teacher_A = A_NAMES[args.teacher_A]
+    if args.omegas and not args.alpha_c:
+        raise ConfigError("--omegas gives the phase boundary: add --alpha-c (one curve takes --omega)")
+    omegas = value_range("--omegas", args.omegas) if args.omegas else [args.omega]
+    TH.make_params([1.0] * len(omegas), [args.sigma] * len(omegas), [args.lam] * len(omegas), omegas,
+                   [teacher_A] * len(omegas))  # every value checked before any work
+    if args.out or not args.alpha_c:
+        alphas = value_range("--alphas", args.alphas)
+        start = time.perf_counter()
+        curve = TH.theory_curve(alphas, args.sigma, args.lam, args.omega, teacher_A, solver=solver)
+        seconds = time.perf_counter() - start
+        if args.out:
+            curve.to_csv(args.out, index=False)
+            print(f"wrote {args.out}: {len(curve)} rows, {int(curve['converged'].sum())} converged, "
+                  f"{seconds:.1f} s", file=sys.stderr)
+        else:
+            print(curve.to_csv(index=False), end="")
+    if args.alpha_c:
+        for omega in omegas:
+            try:
+                value = f"{TH.alpha_c(omega, args.sigma, args.lam, teacher_A, solver):.3f}"
+            except ConfigError as exc:
+                if len(omegas) == 1:
+                    raise
+                value = f"nan ({exc})"
+            print(f"alpha_c(omega={omega:g}) = {value}", flush=True)
+    return 0
+
