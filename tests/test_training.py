@@ -91,9 +91,11 @@ def _accuracy_and_preds(model: torch.nn.Module, split, batch_size: int) -> tuple
     return float(np.mean(preds == split.labels)), preds
 
 
-# (learned, concat, seed 1, Adam lr 0.03) on the smoke corpus: validation accuracy rises and falls from epoch to
-# epoch, so the best epoch is not the last one either when early stopping ends the run (patience 1: best epoch
-# 2, stopped after 3) or when the epoch budget does (8 epochs: best epoch 7 at 0.74, epoch 8 at 0.65).
+# (learned, concat, Adam lr 0.03) on the smoke corpus: validation accuracy rises and falls from epoch to epoch, so
+# the best epoch is not the last one either when early stopping ends the run (patience 1) or when the epoch budget
+# does (8 epochs). Where the dips fall depends on the floating-point arithmetic of the machine and torch build (seed
+# 1 had its best epoch at 7 of 8 on one machine, at 8 of 8 on another), so the test takes the first of a few seeds
+# whose best epoch is not its last.
 BEST_NOT_LAST = [pytest.param(dict(early_stopping=True, patience=1, max_epochs=20), id="early-stopped"),
                  pytest.param(dict(early_stopping=False, max_epochs=8), id="epoch-budget")]
 
@@ -108,27 +110,29 @@ def test_final_record_is_the_best_epochs_weights_not_the_last(smoke_preset, smok
     from pefusion.fusion.model import build_model_from_config
 
     model_cfg = dataclasses.replace(smoke_preset.model, pe_type="learned", fusion="concat")
-    # on the CPU, like the freshly built model that re-evaluates the snapshots (same arithmetic, same argmax)
-    train_cfg = dataclasses.replace(smoke_preset.train, lr=0.03, seed=1, device="cpu", **stopping)
-    snapshots: list[dict[str, torch.Tensor]] = []  # weights after epoch i + 1, copied by this test
-
-    def keep(metrics: dict, trainer: Trainer) -> None:
-        snapshots.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
-
-    record = train_and_evaluate(model_cfg, train_cfg, smoke_corpus, length_edges=smoke_preset.data.length_edges,
-                                on_epoch=keep)
-
-    bs = train_cfg.batch_size
+    bs = smoke_preset.train.batch_size
     fresh = build_model_from_config(model_cfg, smoke_corpus.vocab_size, smoke_corpus.num_classes)
-    val, test = [], []
-    for state in snapshots:
-        fresh.load_state_dict(state)
-        val.append(_accuracy_and_preds(fresh, smoke_corpus.validation, bs)[0])
-        test.append(_accuracy_and_preds(fresh, smoke_corpus.test, bs))
-    best = int(np.argmax(val))  # the first epoch with the highest validation accuracy (min_delta < 1/len(val))
-    # the setting must discriminate: a best epoch before the last one, whose weights score differently
-    assert best + 1 < len(snapshots), f"best epoch is the last one ({val}): pick another setting"
-    assert val[best] != val[-1] and test[best][0] != test[-1][0], (val, [t[0] for t in test])
+    for seed in (1, 2, 3, 4):
+        # on the CPU, like the freshly built model that re-evaluates the snapshots (same arithmetic, same argmax)
+        train_cfg = dataclasses.replace(smoke_preset.train, lr=0.03, seed=seed, device="cpu", **stopping)
+        snapshots: list[dict[str, torch.Tensor]] = []  # weights after epoch i + 1, copied by this test
+
+        def keep(metrics: dict, trainer: Trainer) -> None:
+            snapshots.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
+
+        record = train_and_evaluate(model_cfg, train_cfg, smoke_corpus, length_edges=smoke_preset.data.length_edges,
+                                    on_epoch=keep)
+        val, test = [], []
+        for state in snapshots:
+            fresh.load_state_dict(state)
+            val.append(_accuracy_and_preds(fresh, smoke_corpus.validation, bs)[0])
+            test.append(_accuracy_and_preds(fresh, smoke_corpus.test, bs))
+        best = int(np.argmax(val))  # the first epoch with the highest validation accuracy (min_delta < 1/len(val))
+        # the setting must discriminate: a best epoch before the last one, whose weights score differently
+        if best + 1 < len(snapshots) and val[best] != val[-1] and test[best][0] != test[-1][0]:
+            break
+    else:
+        pytest.fail(f"no seed has its best epoch before its last ({val}): pick another setting")
     if train_cfg.early_stopping:  # stopped by patience, not by the epoch budget
         assert len(snapshots) < train_cfg.max_epochs and len(snapshots) - (best + 1) == train_cfg.patience
 
