@@ -62,6 +62,7 @@ WEIGHT_FLOOR = 1e-10  # quadrature nodes lighter than this are dropped
 # objective is O(0.01-1), so its minimiser is then known to ~1e-8); a point whose nodes are not all done after
 # NEWTON_ITERS steps is not trusted (converged=False).
 NEWTON_TOL, NEWTON_ITERS, ARMIJO, HALVINGS, ROUNDOFF = 1e-8, 100, 1e-4, 40, 1e-15
+STEP_CAP = 0.25  # per coordinate and Newton step
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,9 @@ def proximal(w1: torch.Tensor, w2: torch.Tensor, y11: torch.Tensor, y22: torch.T
         h11, h22 = h11 + shift, h22 + shift
         det = h11 * h22 - h12 * h12
         p1, p2 = (h12 * g2 - h22 * g1) / det, (h12 * g1 - h11 * g2) / det
+        # Short steps: a long one can jump a barrier into a lower basin that descent from the start never reaches
+        cap = torch.clamp(STEP_CAP / torch.maximum(p1.abs(), p2.abs()), max=1.0)
+        p1, p2 = p1 * cap, p2 * cap
         f = (e1 * e1 + e2 * e2) * inv_v + c * (r1 * r1 + r2 * r2)
         bound = f + ROUNDOFF * f.abs()  # near the minimum a step may only win rounding noise
         slope = ARMIJO * (g1 * p1 + g2 * p2)
@@ -373,41 +377,52 @@ def simulation_theta(theta: float | np.ndarray, sigma: float | np.ndarray) -> fl
 def phi_gap(alpha: float, omega: float, sigma: float = 0.5, lam: float = 0.01, teacher_A: str = "default",
             solver: Solver = Solver()) -> float:
     """Φ_semantic − Φ_positional at one α (both branches in one batch): > 0 where the semantic branch has the
-    lower training loss −Φ. A ConfigError if either branch does not converge there."""
+    lower training loss −Φ; NaN where either branch does not converge."""
     rows = theory_curve([alpha], sigma, lam, omega, teacher_A, solver=solver).set_index("branch")
-    if not rows["converged"].all():
-        bad = ", ".join(rows.index[~rows["converged"]])
-        raise ConfigError(f"the {bad} branch does not converge at alpha={alpha:g}, omega={omega:g} "
-                          f"(sigma={sigma:g}, lam={lam:g}); no alpha_c can be bracketed there")
     return float(rows.loc["semantic", "phi"] - rows.loc["positional", "phi"])
 
 
 def alpha_c(omega: float, sigma: float = 0.5, lam: float = 0.01, teacher_A: str = "default",
             solver: Solver = Solver(), start: float | None = None, xtol: float = 1e-4) -> float:
-    """α_c(ω), the root of Φ_semantic − Φ_positional, by brentq on a bracket found by stepping out from `start`
-    (default: the published α_c(ω) read at ω, else 1) by 0.05, 0.1, 0.2, ... until the sign changes."""
+    """α_c(ω), the root of Φ_semantic − Φ_positional (negative below α_c: the positional branch has the lower
+    training loss there), by brentq on a bracket found by stepping from `start` (default: the published α_c(ω)
+    read at ω, else 1) by 0.05, 0.1, 0.2, ...: upwards while the gap is negative or a branch does not converge
+    (the semantic branch has no fixed point at small α), downwards while it is positive. A ConfigError when no
+    sign change is found or a branch does not converge inside the bracket."""
     if start is None:
         omegas = sorted(ALPHA_C_PUBLISHED)
         start = float(np.interp(omega, omegas, [ALPHA_C_PUBLISHED[o] for o in omegas]))
-    gap = {}
+    where = f"omega={omega:g} (sigma={sigma:g}, lam={lam:g}, A={teacher_A})"
 
-    def g(a: float) -> float:
-        if a not in gap:
-            gap[a] = phi_gap(a, omega, sigma, lam, teacher_A, solver)
-        return gap[a]
+    def gap(a: float) -> float:
+        return phi_gap(a, omega, sigma, lam, teacher_A, solver)
 
-    lo = hi = start
-    step = 0.05
-    while not g(lo) < 0 < g(hi):  # below α_c the positional branch has the lower training loss: gap < 0
-        if g(hi) <= 0:
-            lo, hi = hi, hi + step
-        else:
-            lo, hi = max(lo - step, 0.5 * lo), lo
-        step *= 2
-        if hi > 50 or lo < 1e-3:
-            raise ConfigError(f"no alpha_c found for omega={omega:g} (sigma={sigma:g}, lam={lam:g}): "
-                              f"Phi_semantic - Phi_positional does not change sign in [{lo:g}, {hi:g}]")
-    return float(brentq(g, lo, hi, xtol=xtol))
+    lo, g_lo = start, gap(start)
+    hi, g_hi, step = lo, g_lo, 0.05
+    while not g_hi > 0:  # upwards: the last point with a finite negative gap is the lower end
+        if g_hi < 0:
+            lo, g_lo = hi, g_hi
+        hi, step = hi + step, 2 * step
+        if hi > 50:
+            raise ConfigError(f"no alpha_c up to alpha=50 for {where}: Phi_semantic - Phi_positional stays "
+                              f"negative or a branch does not converge")
+        g_hi = gap(hi)
+    while not g_lo < 0:  # downwards from a positive start
+        if math.isnan(g_lo) or lo < 1e-2:
+            raise ConfigError(f"no alpha_c below alpha={hi:g} for {where}: a branch does not converge before "
+                              f"Phi_semantic - Phi_positional changes sign")
+        hi, g_hi = lo, g_lo
+        lo, step = max(lo - step, lo / 2), 2 * step
+        g_lo = gap(lo)
+
+    def finite_gap(a: float) -> float:
+        value = gap(a)
+        if math.isnan(value):
+            raise ConfigError(f"a branch does not converge at alpha={a:g} inside the bracket [{lo:g}, {hi:g}] "
+                              f"of alpha_c for {where}")
+        return value
+
+    return float(brentq(finite_gap, lo, hi, xtol=xtol))
 
 
 # ---------------------------------------------------------------------------------------------------------
