@@ -45,3 +45,41 @@ def test_bench_student_prints_the_three_comparisons_with_the_same_fit_result(tmp
     assert abs(fit["eps_t_fast"] - fit["eps_t_naive"]) <= 1e-6 * fit["eps_t_naive"]
     assert batched["replicas"] == 30 and batched["one_cpu_s"] > 0 and batched["one_all_n_cpu_s"] > 0
     assert batched["ratio_cpu"] == pytest.approx(batched["batched_cpu_s"] / batched["one_cpu_s"], rel=2e-3)
+
+
+def test_real_text_asha_check_ranks_rungs_against_the_best_epoch():
+    """Three full curves ranked at epoch 1 against their best epochs: ASHA (keep the top third) would stop the
+    eventual best at the first rung, and keeps it at epoch 3."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.real_text import asha_check
+
+    curves = [[0.9, 0.5, 0.5, 0.6, 0.6], [0.8, 0.6, 0.7, 0.7, 0.7], [0.7, 0.7, 0.95, 0.9, 0.9]]  # best 0.9/0.7/0.95
+    first, third = asha_check(curves, grace=1, eta=3)
+    assert (first["rung_epoch"], first["curves"], first["best_survives"]) == (1, 3, False)
+    assert first["spearman"] == pytest.approx(-0.5)  # ranks at epoch 1 (3, 2, 1) against best (2, 1, 3)
+    assert (third["rung_epoch"], third["best_survives"]) == (3, True)
+    assert third["spearman"] == pytest.approx(0.5)  # ranks at epoch 3 (1, 2, 3) against best (2, 1, 3)
+    assert asha_check(curves[:2]) == []  # two curves rank nothing
+
+
+@pytest.mark.slow
+def test_bench_real_text_prints_its_table_on_a_tiny_corpus(tmp_path):
+    """Search, notebook settings, TF-IDF and the paper recipe on 60 short reviews with string labels."""
+    import numpy as np
+    import pandas as pd
+
+    rng, data = np.random.default_rng(0), tmp_path / "reviews"
+    data.mkdir()
+    words = {"pos": ["great", "superb", "fine"], "neg": ["awful", "dull", "poor"]}
+    for split, n in (("train", 60), ("validation", 20), ("test", 20)):
+        labels = rng.choice(["pos", "neg"], n)
+        texts = [" ".join(rng.choice(words[y] + ["the", "film"], 10)) for y in labels]
+        pd.DataFrame({"text": texts, "label": labels}).to_json(data / f"{split}.jsonl", orient="records", lines=True)
+    out = _run(str(REPO / "scripts" / "bench_real_text.py"), "--data-dir", str(data), "--quick", "--num-samples", "2",
+               "--epochs", "2", "--d-model", "16", "--max-len", "32", "--workdir", str(tmp_path / "work"),
+               "--json-out", str(tmp_path / "out.json"), cwd=tmp_path)
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert [r["run"] for r in result["rows"]] == ["(a) search"] + ["(b) notebook"] * 5 + ["(c) tfidf + logreg",
+                                                                                        "(d) paper recipe"]
+    assert all(0 <= r["test_acc"] <= 1 for r in result["rows"]) and "| (a) search |" in out.stdout
+    assert result["rows"][0]["trials"] == 2 and result["rows"][-1]["epochs"] == 2
