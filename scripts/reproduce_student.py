@@ -6,7 +6,8 @@ At σ = 0.5, ω = 0.3, λ = 0.01, α = 2 and the default optimiser (full-batch G
 seed-mean ε_g of the semantic and positional initialisations, the linear baseline's ε_g, θ (semantic) and
 m (positional) must be within the tolerance of the published values, and the initialisation with the lower
 training loss must be the positional one at α = 1.0 and the semantic one at α = 1.6. Prints one line per
-check (or JSON lines with --json) and exits 0 if all pass, 1 otherwise.
+check (or JSON lines with --json), with the d → ∞ theory's value beside it (computed once, cached in
+--theory-cache), and exits 0 if all pass, 1 otherwise.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import sys
 import pefusion  # noqa: F401  (first: it sets PyTorch's huge-page switch, read when torch loads)
 import torch
 
-from pefusion.cli.reproduction import print_reproduction
+from pefusion.cli.reproduction import default_theory_cache, print_reproduction
 from pefusion.errors import ConfigError
 from pefusion.student.cv import reproduction_report
 
@@ -30,11 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=None, help="GD iterations (default: the authors' 5000)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="JSON lines: every point, then every check")
+    ap.add_argument("--theory-cache", default=str(default_theory_cache()),
+                    help="folder caching the d -> infinity theory's values (default: $PEFUSION_CACHE/theory or "
+                         "~/.cache/pefusion/theory)")
+    ap.add_argument("--no-theory", action="store_true", help="no theory column")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
         report = reproduction_report(d=args.d, seeds=tuple(args.seeds), n_test=args.n_test,
-                                     tolerance=args.tolerance, iters=args.iters)
+                                     tolerance=args.tolerance, iters=args.iters,
+                                     theory_cache=None if args.no_theory else args.theory_cache)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -193,3 +193,62 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         run_main(theory_main, argv)
     assert exit_.value.code == 2 and capsys.readouterr().err == message
+
+
+def test_reproduction_table_carries_the_theory(tmp_path, capsys):
+    """The reproduction's checks get the d → ∞ value beside the measured one (a tiny simulation: the plumbing)."""
+    from pefusion.cli.reproduction import print_reproduction
+    from pefusion.student.cv import reproduction_report
+
+    report = reproduction_report(d=32, seeds=(0,), n_test=200, iters=20, theory_cache=tmp_path)
+    theory = {(c["quantity"], c["alpha"]): c["theory"] for c in report["checks"]}
+    assert theory[("eps_g_semantic", 2.0)] == pytest.approx(0.0014, rel=0.03)
+    assert theory[("eps_g_positional", 2.0)] == pytest.approx(0.0035, rel=0.03)
+    assert theory[("theta_semantic", 2.0)] == pytest.approx(0.63, rel=0.05)
+    assert theory[("m_positional", 2.0)] == pytest.approx(0.26, rel=0.05)
+    assert math.isnan(theory[("eps_lin", 2.0)])
+    assert theory[("lower_training_loss", 1.0)] == "positional" and theory[("lower_training_loss", 1.6)] == "semantic"
+    assert (tmp_path / TH.CACHE_POINTS).exists()
+    print_reproduction(report, as_json=False)
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert "theory d->inf" in header and "0.0014" in rows[0]
+
+
+@pytest.mark.slow  # 20 s of CPU: α_c(0.3) and four fixed points at the default node count
+def test_report_puts_the_theory_beside_a_phase_diagram_sweep_and_logs_it(tmp_path):
+    """A phase-diagram sweep of one point (α = 2, ω = 0.3, λ = 0.01, both inits) through MLflow and the report:
+    the theory's ε_g stands beside each init, the theory's α_c(0.3) beside the crossing, and the theory's cache
+    is logged to the parent run with the tables."""
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    from pefusion import record as R
+    from pefusion.analysis import runs as RU
+    from pefusion.analysis.report import build_report
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("student-attention", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp, tags={R.TAG_ROLE: "sweep", R.TAG_SWEEP: "phase_diagram"}).info.run_id
+    client.set_terminated(parent, "FINISHED")
+    for alpha in (1.0, 2.0):  # the README's d = 1000 values at α = 2; made-up ones at α = 1
+        trial = client.create_run(exp, tags={R.TAG_PARENT: parent, R.TAG_ROLE: "trial", R.TAG_TRIAL_ID: str(alpha),
+                                             R.TAG_STATUS: R.STATUS_OK}).info.run_id
+        params = {R.ALPHA: alpha, R.OMEGA: 0.3, R.SIGMA: 0.5, R.D: 1000, R.SEED: 0, R.LAMBDA: 0.01}
+        metrics = {"eps_g_semantic": 0.0014334, "eps_g_positional": 0.0034528, "eps_t_semantic": 0.0039,
+                   "eps_t_positional": 0.0050 - 0.003 * (alpha < 1.5), "m_semantic": 0.0, "m_positional": 0.26,
+                   "theta_semantic": 0.63, "theta_positional": 0.0, R.EPS_LIN: 0.002}
+        client.log_batch(trial, metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()],
+                         params=[Param(k, str(v)) for k, v in params.items()])
+        client.set_terminated(trial, "FINISHED")
+    sweep = RU.load_sweep(uri, "student-attention", parent)
+    page, written = build_report(sweep, tmp_path / "results")
+    runs = pd.read_csv(tmp_path / "results" / "student_runs.csv").set_index([R.ALPHA, R.INIT])
+    assert runs.loc[(2.0, "semantic"), "eps_g_theory"] == pytest.approx(0.0014, rel=0.03)
+    assert runs.loc[(2.0, "positional"), "eps_g_theory"] == pytest.approx(0.0035, rel=0.03)
+    assert runs.loc[(2.0, "semantic"), "theta_theory"] == pytest.approx(0.63, rel=0.05)
+    crossing = pd.read_csv(tmp_path / "results" / "student_alpha_c.csv")
+    assert 1.24 <= crossing["alpha_c_theory"].iloc[0] <= 1.27 and 1.0 < crossing["alpha_c_estimate"].iloc[0] < 2.0
+    assert "d → ∞" in page.read_text()
+    logged = {a.path for a in client.list_artifacts(parent, "results")}
+    assert {f"results/{TH.CACHE_POINTS}", f"results/{TH.CACHE_ALPHA_C}"} <= logged

@@ -5,10 +5,12 @@ Every figure is a `matplotlib.figure.Figure` on an explicit Agg canvas: no pyplo
 importing this module never changes the backend of a notebook that imports it.
 
 PE-fusion: paired-seed Δ per PE (the paper's Fig. 3), accuracy and latency per fusion (Fig. 4a/4b), accuracy per
-length bucket per fusion. Student: Δε_t and Δε_g against α with the published α_c and α_l, m and θ against α,
-λ* against α, and the (α, ω) phase diagram with the published α_c(ω) curve. Published curves are arguments
-(dict ω → α), so the figures do not depend on where the constants live. Hyperparameter search: each trial's
-score against the searched keys, parallel coordinates, and the epochs per trial against max_t.
+length bucket per fusion. Student: Δε_t and Δε_g against α with the published α_c and α_l, ε_g, m and θ
+against α, λ* against α, and the (α, ω) phase diagram with the published α_c(ω) curve; where the tables carry
+the d → ∞ theory (student_tables.with_theory, theory_alpha_c) it is drawn dashed beside the simulated points.
+Published curves are arguments (dict ω → α), so the figures do not depend on where the constants live.
+Hyperparameter search: each trial's score against the searched keys, parallel coordinates, and the epochs per
+trial against max_t.
 """
 from __future__ import annotations
 
@@ -210,6 +212,7 @@ def student_delta_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
             mean, std = rows[f"{quantity}_mean"].to_numpy(float), np.nan_to_num(rows[f"{quantity}_std"])
             ax.plot(rows[R.ALPHA], mean, marker="o", ms=3, color=color, label=label)
             ax.fill_between(rows[R.ALPHA], mean - std, mean + std, color=color, alpha=0.2, lw=0)
+            _theory_line(ax, rows, f"{quantity}{ST.THEORY_SUFFIX}", color)
         _alpha_lines(ax, omega_colors, alpha_c, alpha_l)
         ax.axhline(0.0, color="gray", lw=0.8)
         ax.set_xlabel("α = n / d")
@@ -220,17 +223,33 @@ def student_delta_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
     return fig
 
 
+def _theory_line(ax, rows: pd.DataFrame, column: str, color) -> bool:
+    """The d → ∞ theory's values of `column` at the rows' α, dashed in the series' colour; False if none."""
+    if column not in rows or not rows[column].notna().any():
+        return False
+    ax.plot(rows[R.ALPHA], rows[column], ls="--", lw=1.2, color=color)
+    return True
+
+
+_THEORY_HANDLE = Line2D([], [], ls="--", color="0.3", label="dashed: d → ∞ theory at the same α, λ")
+
+
 def student_order_figure(summary: pd.DataFrame) -> Figure:
-    """m = |1ᵀQ|/d (positional overlap) and θ = |Q*ᵀQ|/d (semantic overlap) against α, per initialisation."""
-    fig, axes = new_figure(1, 2, size=(11.0, 4.2))
+    """ε_g, m = |1ᵀQ|/d (positional overlap) and θ = |Q*ᵀQ|/d (semantic overlap) against α, per initialisation,
+    with the d → ∞ theory of the same branch dashed where the summary has it."""
+    fig, axes = new_figure(1, 3, size=(15.0, 4.2))
     groups = _groups(summary, ["source", R.OMEGA, R.SIGMA, R.D, ST.LAM_FIXED, R.INIT])
-    for ax, quantity, name in zip(axes[0], (R.M, R.THETA), ("m = |1ᵀQ| / d", "θ = |Q*ᵀQ| / d")):
+    for ax, quantity, name in zip(axes[0], (R.EPS_G, R.M, R.THETA),
+                                  ("ε_g (test error)", "m = |1ᵀQ| / d", "θ = |Q*ᵀQ| / d")):
+        theory = False
         for label, rows, color in groups:
             ax.errorbar(rows[R.ALPHA], rows[f"{quantity}_mean"], yerr=np.nan_to_num(rows[f"{quantity}_std"]),
                         marker="o", ms=3, capsize=2, color=color, label=label)
+            theory |= _theory_line(ax, rows, f"{quantity}{ST.THEORY_SUFFIX}_mean", color)
         ax.set_xlabel("α = n / d")
         ax.set_ylabel(name)
-        ax.legend(fontsize=7)
+        handles, _ = ax.get_legend_handles_labels()
+        ax.legend(handles=handles + ([_THEORY_HANDLE] if theory else []), fontsize=7)
     return fig
 
 
@@ -252,9 +271,10 @@ def lambda_star_figure(summary: pd.DataFrame) -> Figure | None:
 
 
 def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = None,
-                         alpha_l: Curve | None = None) -> Figure:
+                         alpha_l: Curve | None = None, theory: pd.DataFrame | None = None) -> Figure:
     """Sign of the mean Δε_t over (α, ω): which solution reaches the lower training loss, with the published
-    α_c(ω) (and α_l(ω)) curves. Uses the (source, σ, d, λ) slice with the most grid points."""
+    α_c(ω) (and α_l(ω)) curves and, given `theory` (student_tables.theory_alpha_c), the d → ∞ α_c(ω) at the
+    slice's σ and λ. Uses the (source, σ, d, λ) slice with the most grid points."""
     keys = ["source", R.SIGMA, R.D, ST.LAM_FIXED]
     sizes = delta_summary.groupby(keys, dropna=False).size()
     chosen = sizes.idxmax()
@@ -272,6 +292,14 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
         if curve:
             omegas = sorted(curve)
             ax.plot([curve[o] for o in omegas], omegas, style, lw=1.5, label=name)
+    chosen_keys = dict(zip(keys, chosen))
+    if theory is not None and not pd.isna(chosen_keys[ST.LAM_FIXED]):
+        line = theory[(theory[R.SIGMA] == chosen_keys[R.SIGMA])
+                      & (theory[ST.LAM_FIXED] == chosen_keys[ST.LAM_FIXED])]
+        line = line[line[ST.ALPHA_C_THEORY].notna()].sort_values(R.OMEGA)
+        if len(line):
+            ax.plot(line[ST.ALPHA_C_THEORY], line[R.OMEGA], "--", color="tab:green", marker="x", lw=1.5,
+                    label="α_c(ω), d → ∞ theory")
     ax.set_xlabel("α = n / d")
     ax.set_ylabel("ω (weight of the positional teacher)")
     context = ", ".join(f"{_SYMBOL.get(k, k)}={v:g}" if isinstance(v, float) else str(v)
@@ -282,14 +310,15 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
 
 
 def student_figures(student: pd.DataFrame, out_dir: str | Path, alpha_c: Curve | None = None,
-                    alpha_l: Curve | None = None) -> list[Path]:
-    """Every student figure from the long student frame (student_tables.student_frame); returns the PNG paths."""
+                    alpha_l: Curve | None = None, theory_alpha_c: pd.DataFrame | None = None) -> list[Path]:
+    """Every student figure from the long student frame (student_tables.student_frame, with the theory's
+    columns if student_tables.with_theory added them); returns the PNG paths."""
     paths = []
     summary = ST.student_summary(student)
     delta_summary = ST.student_delta_summary(ST.student_deltas(student))
     if len(delta_summary):
         paths.append(save_figure(student_delta_figure(delta_summary, alpha_c, alpha_l), out_dir, "student_deltas"))
-        paths.append(save_figure(phase_diagram_figure(delta_summary, alpha_c, alpha_l), out_dir,
+        paths.append(save_figure(phase_diagram_figure(delta_summary, alpha_c, alpha_l, theory_alpha_c), out_dir,
                                  "student_phase_diagram"))
     if len(summary):
         paths.append(save_figure(student_order_figure(summary), out_dir, "student_order_parameters"))

@@ -22,6 +22,7 @@ from pefusion.analysis import fusion_tables as FT
 from pefusion.analysis import runs as RU
 from pefusion.analysis import search as SE
 from pefusion.analysis import student_tables as ST
+from pefusion.student.theory import CACHE_ALPHA_C, CACHE_POINTS, Solver
 from pefusion.sweep.tracking import log_artifacts_to_run
 
 Curve = Mapping[float, float]
@@ -110,28 +111,50 @@ def write_pefusion_summaries(trials: pd.DataFrame, out: str | Path) -> list[Path
     return paths
 
 
-def write_student_tables(trials: pd.DataFrame, out: str | Path, alpha_c: Curve | None = None) -> list[Path]:
-    """student_runs.csv (long frame), student_summary.csv, student_deltas.csv (per seed),
-    student_delta_summary.csv and student_alpha_c.csv (estimated crossing beside the published α_c)."""
-    out = Path(out)
+def student_with_theory(trials: pd.DataFrame, out: str | Path,
+                        theory: Solver | None) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """The long student frame and the d → ∞ α_c per fixed (σ, λ, ω), with the theory beside every point
+    (computed by `theory`, cached under <out>); without `theory` the frame alone and None."""
     student = ST.student_frame(trials)
+    if theory is None:
+        return student, None
+    student = ST.with_theory(student, out, theory)
+    delta_summary = ST.student_delta_summary(ST.student_deltas(student))
+    return student, ST.theory_alpha_c(delta_summary, out, theory)
+
+
+def theory_files(out: str | Path) -> list[Path]:
+    """The theory's cache files under <out> that exist (logged with the report)."""
+    return [p for p in (Path(out) / CACHE_POINTS, Path(out) / CACHE_ALPHA_C) if p.exists()]
+
+
+def write_student_tables(trials: pd.DataFrame, out: str | Path, alpha_c: Curve | None = None,
+                         theory: Solver | None = Solver()) -> list[Path]:
+    """student_runs.csv (long frame), student_summary.csv, student_deltas.csv (per seed),
+    student_delta_summary.csv and student_alpha_c.csv (estimated crossing beside the published α_c); with
+    `theory`, the d → ∞ prediction beside each simulated value (<metric>_theory, alpha_c_theory) and the
+    theory's cache files."""
+    out = Path(out)
+    student, alpha_c_theory = student_with_theory(trials, out, theory)
     deltas = ST.student_deltas(student)
     delta_summary = ST.student_delta_summary(deltas)
     tables = {"student_runs": student, "student_summary": ST.student_summary(student), "student_deltas": deltas,
               "student_delta_summary": delta_summary,
-              "student_alpha_c": ST.crossing_alphas(delta_summary, alpha_c)}
-    return [_write_csv(frame, out / f"{name}.csv") for name, frame in tables.items()]
+              "student_alpha_c": ST.crossing_alphas(delta_summary, alpha_c, alpha_c_theory)}
+    return [_write_csv(frame, out / f"{name}.csv") for name, frame in tables.items()] + theory_files(out)
 
 
 def write_figures(trials: pd.DataFrame, out: str | Path, baseline: str = "add", alpha_c: Curve | None = None,
-                  alpha_l: Curve | None = None) -> list[Path]:
-    """Every figure the runs allow (PE-fusion ones per dataset, student ones) into <out>/figures; PNG paths."""
+                  alpha_l: Curve | None = None, theory: Solver | None = Solver()) -> list[Path]:
+    """Every figure the runs allow (PE-fusion ones per dataset, student ones, with the d → ∞ theory computed by
+    `theory` and cached under <out>) into <out>/figures; PNG paths."""
     paths: list[Path] = []
     if len(RU.pefusion_runs(trials)):
         for _, runs in _per_dataset(trials):
             paths += F.pefusion_figures(runs, Path(out) / "figures", baseline)
     if len(RU.student_runs(trials)):
-        paths += F.student_figures(ST.student_frame(trials), Path(out) / "figures", alpha_c, alpha_l)
+        student, alpha_c_theory = student_with_theory(trials, out, theory)
+        paths += F.student_figures(student, Path(out) / "figures", alpha_c, alpha_l, alpha_c_theory)
     if not paths:
         raise RU.AnalysisError("the trial runs have neither PE-fusion params (dataset, pe_type, fusion, seed) nor "
                                "student params (alpha, seed): nothing to plot")
@@ -222,19 +245,23 @@ def _pefusion_sections(trials: pd.DataFrame, out: Path, baseline: str) -> tuple[
     return parts, written + figures
 
 
-def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None,
-                      alpha_l: Curve | None) -> tuple[list[str], list[Path]]:
-    written = write_student_tables(trials, out, alpha_c)
-    figures = write_figures(trials, out, alpha_c=alpha_c, alpha_l=alpha_l)
-    student = ST.student_frame(trials)
+def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None, alpha_l: Curve | None,
+                      theory: Solver | None) -> tuple[list[str], list[Path]]:
+    written = write_student_tables(trials, out, alpha_c, theory)  # computes and caches the theory
+    figures = write_figures(trials, out, alpha_c=alpha_c, alpha_l=alpha_l, theory=theory)  # reads the cache
+    student, alpha_c_theory = student_with_theory(trials, out, theory)
     delta_summary = ST.student_delta_summary(ST.student_deltas(student))
     published = "" if alpha_c else " (published α_c(ω) unavailable: pefusion.student has no ALPHA_C_PUBLISHED)"
+    beside = "" if theory is None else (
+        f"<p class='muted'>Columns ending in _theory, and alpha_c_theory, are the d → ∞ prediction "
+        f"(pefusion.student.theory, {theory.nodes} Gauss–Hermite nodes per axis) at each point's α, ω, σ and λ "
+        f"(λ* for λ-CV runs): ε_t's is −Φ, θ's is |Q*ᵀQ|/d; dashed lines on the figures.</p>")
     parts = [
         "<h2>Positional vs semantic solutions</h2><p class='muted'>Δε = ε(positional) − ε(semantic), mean ± "
         "sample std over seeds: Δε_t &gt; 0 means the semantic solution reaches the lower training loss.</p>",
-        _table_html(delta_summary),
+        beside, _table_html(delta_summary),
         f"<h3>Estimated α_c beside the published one{html.escape(published)}</h3>",
-        _table_html(ST.crossing_alphas(delta_summary, alpha_c)),
+        _table_html(ST.crossing_alphas(delta_summary, alpha_c, alpha_c_theory)),
         "<h3>Per initialisation</h3>", _table_html(ST.student_summary(student)),
     ]
     parts += [_image_html(p) for p in figures]
@@ -335,15 +362,17 @@ def report_path(sweep: RU.Sweep, out: str | Path) -> Path:
 
 def build_report(sweep: RU.Sweep, out: str | Path = "results", baseline: str = "add",
                  alpha_c: Curve | None = None, alpha_l: Curve | None = None,
-                 log_to_mlflow: bool = True) -> tuple[Path, list[Path]]:
+                 log_to_mlflow: bool = True, theory: Solver | None = Solver()) -> tuple[Path, list[Path]]:
     """Write the sweep's CSVs, figures and HTML page; log them to the parent run under results/ (when there is
-    one and `log_to_mlflow`). Returns (HTML path, other files written)."""
+    one and `log_to_mlflow`). A student sweep's report has the d → ∞ theory beside its points (`theory`: how it
+    is solved; None: none), cached under `out` and logged with the tables. Returns (HTML path, other files
+    written)."""
     out = Path(out)
     kind = report_kind(sweep)
     if kind == "pefusion":
         parts, written = _pefusion_sections(sweep.trials, out, baseline)
     elif kind == "student":
-        parts, written = _student_sections(sweep.trials, out, alpha_c, alpha_l)
+        parts, written = _student_sections(sweep.trials, out, alpha_c, alpha_l, theory)
     else:
         parts, written = _search_sections(sweep, out)
     remarks = notes(sweep)

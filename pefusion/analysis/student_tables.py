@@ -1,6 +1,8 @@
 """Study B's tables (student attention): the long frame of student runs (one row per run and initialisation),
 per-initialisation summaries, per-seed Δε = ε(positional) − ε(semantic) and their summary, the estimated
-crossing α_c beside the published one, and the published α_c(ω), α_l(ω) curves.
+crossing α_c beside the published one, and the published α_c(ω), α_l(ω) curves. With `with_theory` and
+`theory_alpha_c`, the d → ∞ prediction (pefusion.student.theory, cached on disk) stands beside each simulated
+point: ε_g, ε_t (= −Φ), m and θ of the same branch, σ, λ, ω and α, and α_c(ω) beside the estimated crossing.
 
 Pure functions over the trial frame of pefusion.analysis.runs. Units: the errors ε_g, ε_t, ε_lin, the order
 parameters m, θ and the ridge λ, λ* are reported as the runs recorded them (no conversion to percent; that is
@@ -10,6 +12,7 @@ units of ε.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -18,14 +21,19 @@ import pandas as pd
 from pefusion import record as R
 from pefusion.analysis.runs import (RUN_ID, START_TIME, SWEEP, AnalysisError, column, latest_ok,
                                     require_metrics, student_runs)
+from pefusion.student import theory as TH
 
 # Student initialisations compared by the Δ quantities (Δε = ε(positional) − ε(semantic), the paper's Fig. 2).
 SEMANTIC, POSITIONAL = "semantic", "positional"
 STUDENT_KEYS = (R.ALPHA, R.OMEGA, R.SIGMA, R.SEED, R.D)
 STUDENT_METRICS = (R.EPS_G, R.EPS_T, R.M, R.THETA)
 LAM_FIXED = "lam_fixed"  # the λ of a phase-diagram run; NaN for λ-CV runs, whose λ* is chosen per init
-STUDENT_COLUMNS = (RUN_ID, START_TIME, "source", R.STATUS, R.ERROR, *STUDENT_KEYS, R.INIT, LAM_FIXED,
+TEACHER_A = "teacher_A"  # the teacher's positional matrix (a point's param; 'default' when not recorded)
+STUDENT_COLUMNS = (RUN_ID, START_TIME, "source", R.STATUS, R.ERROR, *STUDENT_KEYS, R.INIT, TEACHER_A, LAM_FIXED,
                    *STUDENT_METRICS, R.EPS_LIN, R.LAMBDA_STAR)
+# The d → ∞ prediction beside a simulated metric: <metric>_theory (θ in the simulations' units, |Q*ᵀQ|/d).
+THEORY_SUFFIX = "_theory"
+THEORY_METRICS = tuple(f"{m}{THEORY_SUFFIX}" for m in STUDENT_METRICS)
 SOURCE_CV, SOURCE_PHASE = "lambda_cv", "phase_diagram"  # one init per run / both inits in one run
 
 
@@ -59,7 +67,7 @@ def student_frame(trials: pd.DataFrame) -> pd.DataFrame:
         RUN_ID: one_init[RUN_ID], START_TIME: one_init[START_TIME], "source": SOURCE_CV,
         R.STATUS: one_init[R.STATUS], R.ERROR: one_init[R.ERROR],
         **{k: column(one_init, k) for k in STUDENT_KEYS}, R.INIT: column(one_init, R.INIT).fillna("unknown"),
-        LAM_FIXED: np.nan,
+        TEACHER_A: column(one_init, TEACHER_A).fillna("default"), LAM_FIXED: np.nan,
         **{m: column(one_init, m) for m in (*STUDENT_METRICS, R.EPS_LIN, R.LAMBDA_STAR)},
     })]
     for init in (SEMANTIC, POSITIONAL):
@@ -67,7 +75,7 @@ def student_frame(trials: pd.DataFrame) -> pd.DataFrame:
             RUN_ID: both_inits[RUN_ID], START_TIME: both_inits[START_TIME], "source": SOURCE_PHASE,
             R.STATUS: both_inits[R.STATUS], R.ERROR: both_inits[R.ERROR],
             **{k: column(both_inits, k) for k in STUDENT_KEYS}, R.INIT: init,
-            LAM_FIXED: column(both_inits, R.LAMBDA),
+            TEACHER_A: column(both_inits, TEACHER_A).fillna("default"), LAM_FIXED: column(both_inits, R.LAMBDA),
             **{m: column(both_inits, f"{m}_{init}") for m in STUDENT_METRICS},
             R.EPS_LIN: column(both_inits, R.EPS_LIN), R.LAMBDA_STAR: np.nan,
         }))
@@ -87,7 +95,7 @@ def student_summary(student: pd.DataFrame) -> pd.DataFrame:
     """Mean and sample std over seeds of ε_g, ε_t, m, θ, ε_lin, λ* per (source, alpha, omega, sigma, d,
     fixed λ, init); lam_fixed is the λ of phase-diagram runs and NaN for λ-CV runs (their λ is lam_star)."""
     keys = ["source", R.ALPHA, R.OMEGA, R.SIGMA, R.D, LAM_FIXED, R.INIT]
-    values = [*STUDENT_METRICS, R.EPS_LIN, R.LAMBDA_STAR]
+    values = [*STUDENT_METRICS, R.EPS_LIN, R.LAMBDA_STAR, *(m for m in THEORY_METRICS if m in student)]
     grouped = student_ok(student).groupby(keys, sort=True, dropna=False)
     out = grouped[values].agg(["mean", lambda v: v.std(ddof=1)])
     out.columns = [f"{m}_{'mean' if s == 'mean' else 'std'}" for m, s in out.columns]
@@ -101,16 +109,19 @@ DELTA_COLUMNS = ["source", *STUDENT_KEYS, LAM_FIXED, "eps_g_semantic", "eps_g_po
 
 def student_deltas(student: pd.DataFrame) -> pd.DataFrame:
     """Per-seed pairs of positional and semantic runs at the same (alpha, omega, sigma, seed, d) — and the same
-    λ for phase-diagram runs — with Δε_g and Δε_t = ε(positional) − ε(semantic)."""
+    λ for phase-diagram runs — with Δε_g and Δε_t = ε(positional) − ε(semantic), and the theory's Δ beside
+    them when the frame has it (`with_theory`)."""
     ok = student_ok(student)
     keys = ["source", *STUDENT_KEYS, LAM_FIXED]
-    side = {init: ok.loc[ok[R.INIT] == init, [*keys, R.EPS_G, R.EPS_T]].rename(
-        columns={R.EPS_G: f"eps_g_{init}", R.EPS_T: f"eps_t_{init}"}) for init in (SEMANTIC, POSITIONAL)}
+    metrics = [m for m in (R.EPS_G, R.EPS_T, *(f"{m}{THEORY_SUFFIX}" for m in (R.EPS_G, R.EPS_T))) if m in ok]
+    side = {init: ok.loc[ok[R.INIT] == init, [*keys, *metrics]].rename(
+        columns={m: f"{m}_{init}" for m in metrics}) for init in (SEMANTIC, POSITIONAL)}
     # merge matches NaN keys with NaN keys, so runs of other tools without sigma or d still pair.
     wide = side[SEMANTIC].merge(side[POSITIONAL], on=keys, how="inner")
-    wide["delta_eps_g"] = wide["eps_g_positional"] - wide["eps_g_semantic"]
-    wide["delta_eps_t"] = wide["eps_t_positional"] - wide["eps_t_semantic"]
-    return wide[DELTA_COLUMNS].sort_values(keys, kind="stable").reset_index(drop=True)
+    for m in metrics:
+        wide[f"delta_{m}"] = wide[f"{m}_positional"] - wide[f"{m}_semantic"]
+    theory = [f"delta_{m}" for m in metrics if m.endswith(THEORY_SUFFIX)]
+    return wide[DELTA_COLUMNS + theory].sort_values(keys, kind="stable").reset_index(drop=True)
 
 
 DELTA_GROUP = ["source", R.ALPHA, R.OMEGA, R.SIGMA, R.D, LAM_FIXED]
@@ -124,16 +135,18 @@ def student_delta_summary(deltas: pd.DataFrame) -> pd.DataFrame:
     if deltas.empty:
         return pd.DataFrame(columns=columns)
     grouped = deltas.groupby(DELTA_GROUP, sort=True, dropna=False)
+    theory = [c for c in deltas if c.endswith(THEORY_SUFFIX)]  # the d → ∞ Δ, mean over the seeds' λ
     out = pd.DataFrame({
         "n_pairs": grouped["delta_eps_t"].size(),
         "delta_eps_g_mean": grouped["delta_eps_g"].mean(),
         "delta_eps_g_std": grouped["delta_eps_g"].std(ddof=1),
         "delta_eps_t_mean": grouped["delta_eps_t"].mean(),
         "delta_eps_t_std": grouped["delta_eps_t"].std(ddof=1),
+        **{c: grouped[c].mean() for c in theory},
     }).reset_index()
     out["lower_train_loss"] = np.select([out.delta_eps_t_mean > 0, out.delta_eps_t_mean < 0],
                                         [SEMANTIC, POSITIONAL], "tie")
-    return out[columns]
+    return out[columns + theory]
 
 
 def interpolate_curve(curve: Mapping[float, float], omega: float) -> float:
@@ -144,10 +157,11 @@ def interpolate_curve(curve: Mapping[float, float], omega: float) -> float:
     return float(np.interp(omega, omegas, [curve[o] for o in omegas]))
 
 
-def crossing_alphas(delta_summary: pd.DataFrame, alpha_c: Mapping[float, float] | None = None) -> pd.DataFrame:
+def crossing_alphas(delta_summary: pd.DataFrame, alpha_c: Mapping[float, float] | None = None,
+                    theory: pd.DataFrame | None = None) -> pd.DataFrame:
     """Where the mean Δε_t changes sign from − (positional lower) to + (semantic lower) along α, per (source,
     omega, sigma, d, fixed λ): the estimated α_c, linear between the grid points around the first crossing (NaN
-    if none), beside the published α_c(ω)."""
+    if none), beside the published α_c(ω) and, given `theory` (`theory_alpha_c`), the d → ∞ α_c."""
     keys = [k for k in DELTA_GROUP if k != R.ALPHA]
     rows = []
     for group, grp in delta_summary.groupby(keys, sort=True, dropna=False):
@@ -161,4 +175,50 @@ def crossing_alphas(delta_summary: pd.DataFrame, alpha_c: Mapping[float, float] 
         omega = dict(zip(keys, group))[R.OMEGA]
         rows.append({**dict(zip(keys, group)), "n_alpha": len(a), "alpha_c_estimate": estimate,
                      "alpha_c_published": interpolate_curve(alpha_c, omega) if alpha_c else math.nan})
-    return pd.DataFrame(rows, columns=[*keys, "n_alpha", "alpha_c_estimate", "alpha_c_published"])
+    out = pd.DataFrame(rows, columns=[*keys, "n_alpha", "alpha_c_estimate", "alpha_c_published"])
+    if theory is None:
+        return out
+    return out.merge(theory, on=[R.SIGMA, LAM_FIXED, R.OMEGA], how="left")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The d → ∞ theory beside the simulations (pefusion.student.theory; computed once per point, cached on disk)
+# ---------------------------------------------------------------------------------------------------------
+
+ALPHA_C_THEORY = "alpha_c_theory"
+
+
+def with_theory(student: pd.DataFrame, cache_dir: str | Path, solver: TH.Solver = TH.Solver()) -> pd.DataFrame:
+    """The long frame with THEORY_METRICS: the fixed point of the row's branch (its init) at its α, ω, σ, teacher
+    A and λ (the fixed λ of a phase-diagram run, the chosen λ* of a λ-CV run); ε_t's theory is −Φ, θ's is in the
+    simulations' units. NaN for random initialisations, failed runs and points whose theory did not converge.
+    Computed points are cached in <cache_dir>/student_theory_points.csv."""
+    lam = student[LAM_FIXED].fillna(student[R.LAMBDA_STAR])
+    points = pd.DataFrame({"sigma": student[R.SIGMA], "lam": lam, "omega": student[R.OMEGA],
+                           "teacher_A": student[TEACHER_A], "alpha": student[R.ALPHA], "branch": student[R.INIT]})
+    usable = (student[R.STATUS] == R.STATUS_OK) & points["branch"].isin(TH.BRANCHES) & points.notna().all(1)
+    out = student.drop(columns=[c for c in THEORY_METRICS if c in student])
+    if not usable.any():
+        return out.assign(**{c: np.nan for c in THEORY_METRICS})
+    solved = TH.cached_points(points[usable], cache_dir, solver)
+    theory = solved.assign(**{
+        f"{R.EPS_G}{THEORY_SUFFIX}": solved["eps_g"], f"{R.EPS_T}{THEORY_SUFFIX}": -solved["phi"],
+        f"{R.M}{THEORY_SUFFIX}": solved["m"].abs(),
+        f"{R.THETA}{THEORY_SUFFIX}": TH.simulation_theta(solved["theta"], solved["sigma"])})
+    keys = list(points.columns)
+    merged = points.merge(theory[[*keys, *THEORY_METRICS]], on=keys, how="left")
+    merged.index = points.index
+    return out.assign(**{c: merged[c].where(usable) for c in THEORY_METRICS})
+
+
+def theory_alpha_c(delta_summary: pd.DataFrame, cache_dir: str | Path,
+                   solver: TH.Solver = TH.Solver()) -> pd.DataFrame:
+    """The d → ∞ α_c(ω) for every (σ, fixed λ, ω) of the phase-diagram rows (λ-CV rows have no single λ):
+    columns sigma, lam_fixed, omega, alpha_c_theory; cached in <cache_dir>/student_theory_alpha_c.csv."""
+    fixed = delta_summary[delta_summary[LAM_FIXED].notna() & delta_summary[R.SIGMA].notna()]
+    rows = []
+    for (sigma, lam), grp in fixed.groupby([R.SIGMA, LAM_FIXED], sort=True):
+        omegas = sorted(set(grp[R.OMEGA].dropna()))
+        for omega, value in TH.cached_alpha_c(omegas, cache_dir, sigma, lam, solver=solver).items():
+            rows.append({R.SIGMA: sigma, LAM_FIXED: lam, R.OMEGA: omega, ALPHA_C_THEORY: value})
+    return pd.DataFrame(rows, columns=[R.SIGMA, LAM_FIXED, R.OMEGA, ALPHA_C_THEORY])

@@ -1,4 +1,5 @@
-"""`scripts/reproduce_student.py`'s output: the student reproduction checks as a table or JSON lines.
+"""`scripts/reproduce_student.py`'s output: the student reproduction checks as a table or JSON lines, with the
+d → ∞ theory's value beside each check; and where the theory's cache lives by default.
 
 Kept apart from `pefusion.cli.student` (the sweeps' command line, which imports Ray): the reproduction runs on
 torch alone.
@@ -6,6 +7,22 @@ torch alone.
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
+
+from pefusion.data.cache import cache_root
+from pefusion.data.config import DataConfig
+
+
+def default_theory_cache() -> Path:
+    """<$PEFUSION_CACHE or ~/.cache/pefusion>/theory: beside the token-id cache, under the same root."""
+    return cache_root(DataConfig()) / "theory"
+
+
+def _cell(value) -> str:
+    if isinstance(value, str):
+        return value
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.5g}"
 
 
 def print_reproduction(report: dict, as_json: bool) -> int:
@@ -15,10 +32,11 @@ def print_reproduction(report: dict, as_json: bool) -> int:
         for row in report["points"] + report["checks"]:
             print(json.dumps(row))
     else:
-        print(f"{'check':<22}{'alpha':>6}{'measured':>14}{'published':>14}  result")
+        theory = any("theory" in c for c in report["checks"])
+        print(f"{'check':<22}{'alpha':>6}{'measured':>14}{'published':>14}"
+              + (f"{'theory d->inf':>15}" if theory else "") + "  result")
         for c in report["checks"]:
-            measured = c["measured"] if isinstance(c["measured"], str) else f"{c['measured']:.5g}"
-            print(f"{c['quantity']:<22}{c['alpha']:>6}{measured:>14}{c['published']!s:>14}  "
-                  f"{'PASS' if c['pass'] else 'FAIL'}"
+            print(f"{c['quantity']:<22}{c['alpha']:>6}{_cell(c['measured']):>14}{c['published']!s:>14}"
+                  + (f"{_cell(c.get('theory')):>15}" if theory else "") + f"  {'PASS' if c['pass'] else 'FAIL'}"
                   + (f"  ({c['rel_diff']:+.1%})" if "rel_diff" in c else f"  (per seed: {c['per_seed']})"))
     return 0 if all(c["pass"] for c in report["checks"]) else 1

@@ -10,16 +10,18 @@ CV, saves |grid| − 1 replicas but costs more: a one-replica step is memory-bou
 
 `run_phase_point` fits the semantic and positional initialisations together at one λ and says which reaches the
 lower training loss (the global minimum), for the phase diagram. `reproduction_report` is the issue's check of
-the published numbers, built on it.
+the published numbers, built on it, with the d → ∞ theory's value beside each check (pefusion.student.theory).
 """
 from __future__ import annotations
 
 import math
 import numbers
 import time
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 
 from pefusion import record as R
@@ -28,6 +30,7 @@ from pefusion.student.config import DEFAULT_FOLDS, DEFAULT_LAM_GRID, REPRODUCTIO
 from pefusion.student.fit import fit_linear, fit_students, initial_q
 from pefusion.student.model import attention_errors, point_data, rng
 from pefusion.student.point import config_record, point_metrics
+from pefusion.student.theory import BRANCHES, cached_points, simulation_theta
 
 PHASE_INITS = ("semantic", "positional")
 
@@ -114,12 +117,14 @@ def run_phase_point(alpha: float, omega: float, sigma: float, lam: float, seed: 
 
 def reproduction_report(d: int = REPRODUCTION_POINT["d"], seeds: Sequence[int] = (0, 1, 2),
                         n_test: int = REPRODUCTION_POINT["n_test"], tolerance: float = 0.10,
-                        order: Mapping[float, str] = REPRODUCTION_ORDER, **config: object) -> dict:
+                        order: Mapping[float, str] = REPRODUCTION_ORDER, theory_cache: str | Path | None = None,
+                        **config: object) -> dict:
     """The issue's reproduction check: the seed-mean of ε_g (both inits), ε_lin, θ (semantic), m (positional)
     at α = 2 against the published values within `tolerance` (relative), and, for each α of `order`, whether
     the expected initialisation has the lower training loss (seed-mean of ε_t). `config` overrides other
-    StudentConfig fields (e.g. iters). Returns {"points": per-seed phase-point records, "checks": [{quantity,
-    measured, published, pass, ...}]}."""
+    StudentConfig fields (e.g. iters). With `theory_cache` (a folder), each check also carries `theory`, the
+    d → ∞ value (the lower training loss: the branch with the lower −Φ; none for ε_lin), cached there.
+    Returns {"points": per-seed phase-point records, "checks": [{quantity, measured, published, pass, ...}]}."""
     base = {"omega": REPRODUCTION_POINT["omega"], "sigma": REPRODUCTION_POINT["sigma"],
             "lam": REPRODUCTION_POINT["lam"], "d": d} | config
     points, checks = [], []
@@ -139,4 +144,29 @@ def reproduction_report(d: int = REPRODUCTION_POINT["d"], seeds: Sequence[int] =
         checks.append({"quantity": "lower_training_loss", "alpha": alpha, "measured": lower, "published": expected,
                        "eps_t_pos_minus_sem": gap, "per_seed": [p[R.GLOBAL_MIN] for p in at],
                        "pass": lower == expected})
+    if theory_cache is not None:
+        _add_theory(checks, base, theory_cache)
     return {"points": points, "checks": checks}
+
+
+def _add_theory(checks: list[dict], base: Mapping[str, object], cache_dir: str | Path) -> None:
+    """Each check's d → ∞ value as `theory` (NaN where the theory has none or did not converge)."""
+    alphas = sorted({c["alpha"] for c in checks})
+    sigma, teacher_A = float(base["sigma"]), str(base.get("teacher_A", "default"))
+    points = pd.DataFrame([{"sigma": sigma, "lam": float(base["lam"]), "omega": float(base["omega"]),
+                            "teacher_A": teacher_A, "alpha": float(a), "branch": b} for a in alphas for b in BRANCHES])
+    theory = cached_points(points, cache_dir).set_index(["alpha", "branch"])
+    for c in checks:
+        quantity, alpha = c["quantity"], float(c["alpha"])
+        if quantity == "lower_training_loss":  # the training loss is −Φ
+            phi = theory.loc[alpha, "phi"]
+            c["theory"] = "unknown" if phi.isna().any() else ("semantic" if phi["semantic"] > phi["positional"]
+                                                              else "positional")
+        elif quantity.startswith(f"{R.EPS_G}_"):
+            c["theory"] = float(theory.loc[(alpha, quantity.removeprefix(f"{R.EPS_G}_")), "eps_g"])
+        elif quantity == f"{R.THETA}_semantic":
+            c["theory"] = float(simulation_theta(theory.loc[(alpha, "semantic"), "theta"], sigma))
+        elif quantity == f"{R.M}_positional":
+            c["theory"] = abs(float(theory.loc[(alpha, "positional"), "m"]))
+        else:
+            c["theory"] = math.nan

@@ -63,6 +63,10 @@ WEIGHT_FLOOR = 1e-10  # quadrature nodes lighter than this are dropped
 # NEWTON_ITERS steps is not trusted (converged=False).
 NEWTON_TOL, NEWTON_ITERS, ARMIJO, HALVINGS, ROUNDOFF = 1e-8, 100, 1e-4, 40, 1e-15
 STEP_CAP = 0.25  # per coordinate and Newton step
+# ONE_THREAD: the solver runs on one torch thread whatever the caller's setting. Its tensors are 1e4-1e6 elements
+# and it compacts them by index every Newton step; there a second intra-op thread costs more than it gives, and on
+# a busy machine far more (a curve's first 60 steps: 0.65 s of CPU on one thread against 19 s on two, load 6 on 2
+# cores).
 
 
 @dataclass(frozen=True)
@@ -312,8 +316,18 @@ def fixed_points(alpha: Sequence[float], branch: Sequence[str], *, sigma: Sequen
     for b in branch:
         check_choice("branch", b, BRANCHES)
     p = make_params(alpha, sigma, lam, omega, teacher_A)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see ONE_THREAD
+    try:
+        return _iterate(p, branch, solver)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _iterate(p: Params, branch: Sequence[str], solver: Solver) -> pd.DataFrame:
+    """fixed_points' damped iteration, batched over the points of `p`."""
     quad = Quadrature.gauss_hermite(solver.nodes)
-    n_points = len(alpha)
+    n_points = len(branch)
     state = torch.tensor([BRANCH_START[b] for b in branch], dtype=torch.float64).T  # (4, P)
     out = torch.full((6, n_points), math.nan, dtype=torch.float64)  # q, m, θ, V, ε_g, Φ
     iterations = np.zeros(n_points, dtype=int)
@@ -349,7 +363,7 @@ def fixed_points(alpha: Sequence[float], branch: Sequence[str], *, sigma: Sequen
         if len(active) == 0:
             break
     values = out.numpy()
-    return pd.DataFrame({"alpha": [float(a) for a in alpha], "branch": list(branch),
+    return pd.DataFrame({"alpha": p.alpha[:, 0].numpy(), "branch": list(branch),
                          **{k: values[i] for i, k in enumerate((*ORDER, "eps_g", "phi"))},
                          "iterations": iterations, "converged": converged})[list(COLUMNS)]
 
