@@ -171,9 +171,11 @@ def test_cache_computes_once_and_is_keyed_by_the_parameters(tmp_path, monkeypatc
 
 
 def test_command_line_curve_and_alpha_c(tmp_path, capsys):
-    out = tmp_path / "theory.csv"
+    out, png, simulated = tmp_path / "theory.csv", tmp_path / "eps_g.png", tmp_path / "sim.jsonl"
+    simulated.write_text('{"alpha": 2.0, "init": "semantic", "eps_g": 0.0014, "seed": 0}\n')
     assert theory_main(["--omega", "0.3", "--alphas", "1.5:2.0:0.5", "--out", str(out), "--nodes", "5",
-                        "--alpha-c"]) == 0
+                        "--alpha-c", "--figure", str(png), "--simulated", str(simulated)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = pd.read_csv(out)
     assert list(table.columns) == ["alpha", "branch", "q", "m", "theta", "V", "eps_g", "phi", "iterations",
                                    "converged"]

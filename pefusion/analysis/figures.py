@@ -253,6 +253,27 @@ def student_order_figure(summary: pd.DataFrame) -> Figure:
     return fig
 
 
+def theory_eps_g_figure(curve: pd.DataFrame, simulated: pd.DataFrame | None = None, title: str = "") -> Figure:
+    """ε_g against α on the semantic and positional branches of the d → ∞ theory (a theory_curve frame: columns
+    alpha, branch, eps_g, converged), with simulated points (columns alpha, init, eps_g; mean ± std over rows)
+    as markers in the branch's colour."""
+    fig, axes = new_figure()
+    ax = axes[0, 0]
+    colors = {ST.SEMANTIC: "tab:blue", ST.POSITIONAL: "tab:red"}
+    for branch, color in colors.items():
+        rows = curve[(curve["branch"] == branch) & curve["converged"].astype(bool)].sort_values("alpha")
+        ax.plot(rows["alpha"], rows["eps_g"], color=color, lw=1.6, label=f"{branch}, d → ∞ theory")
+        if simulated is not None and len(simulated):
+            sim = simulated[simulated[R.INIT] == branch].groupby(R.ALPHA)[R.EPS_G].agg(["mean", "std", "size"])
+            ax.errorbar(sim.index, sim["mean"], yerr=np.nan_to_num(sim["std"]), ls="", marker="o", ms=5,
+                        capsize=2, color=color, label=f"{branch}, simulation")
+    ax.set_xlabel("α = n / d")
+    ax.set_ylabel("ε_g (test error)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
 def lambda_star_figure(summary: pd.DataFrame) -> Figure | None:
     """The cross-validated λ* against α per initialisation (log scale); None without λ-CV runs."""
     rows_cv = summary[summary[f"{R.LAMBDA_STAR}_mean"].notna()]

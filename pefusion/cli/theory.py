@@ -9,8 +9,10 @@ import argparse
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
+import pandas as pd
 import torch
 
 from pefusion.errors import ConfigError
@@ -61,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
                     help=f"stop when one step changes q, m and theta by less than this (default {TH.DEFAULT_TOL})")
     ap.add_argument("--max-iter", type=int, default=TH.DEFAULT_MAX_ITER,
                     help=f"iterations before a point is reported not converged (default {TH.DEFAULT_MAX_ITER})")
+    ap.add_argument("--figure", help="draw eps_g against alpha on both branches into this PNG")
+    ap.add_argument("--simulated", help="with --figure: simulated points to put on the curve, a CSV or JSON lines "
+                                        "with alpha, init, eps_g (what scripts/student_fit.py --json prints)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     return ap
 
@@ -78,16 +83,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     omegas = value_range("--omegas", args.omegas) if args.omegas else [args.omega]
     TH.make_params([1.0] * len(omegas), [args.sigma] * len(omegas), [args.lam] * len(omegas), omegas,
                    [teacher_A] * len(omegas))  # every value checked before any work
-    if args.out or not args.alpha_c:
+    if args.simulated and not args.figure:
+        raise ConfigError("--simulated puts points on the figure: add --figure PNG")
+    if args.out or args.figure or not args.alpha_c:
         alphas = value_range("--alphas", args.alphas)
         start = time.perf_counter()
         curve = TH.theory_curve(alphas, args.sigma, args.lam, args.omega, teacher_A, solver=solver)
         seconds = time.perf_counter() - start
+        if args.figure:
+            _figure(curve, args)
         if args.out:
             curve.to_csv(args.out, index=False)
             print(f"wrote {args.out}: {len(curve)} rows, {int(curve['converged'].sum())} converged, "
                   f"{seconds:.1f} s", file=sys.stderr)
-        else:
+        elif not args.figure:
             print(curve.to_csv(index=False), end="")
     if args.alpha_c:
         for omega in omegas:
@@ -100,3 +109,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"alpha_c(omega={omega:g}) = {value}", flush=True)
     return 0
 
+
+
+def _figure(curve: pd.DataFrame, args: argparse.Namespace) -> None:
+    from pefusion.analysis.figures import DPI, theory_eps_g_figure
+
+    simulated = None
+    if args.simulated:
+        path = Path(args.simulated)
+        if not path.exists():
+            raise ConfigError(f"--simulated {args.simulated}: no such file")
+        simulated = pd.read_json(path, lines=True) if path.suffix in (".json", ".jsonl") else pd.read_csv(path)
+        missing = {"alpha", "init", "eps_g"} - set(simulated.columns)
+        if missing:
+            raise ConfigError(f"--simulated {args.simulated}: no column {sorted(missing)[0]!r} (needs alpha, init, "
+                              f"eps_g)")
+    title = (f"σ = {args.sigma:g}, λ = {args.lam:g}, ω = {args.omega:g}, A {args.teacher_A}, "
+             f"{args.nodes}-node Gauss–Hermite")
+    theory_eps_g_figure(curve, simulated, title).savefig(args.figure, dpi=DPI)
+    print(f"wrote {args.figure}", file=sys.stderr)
