@@ -117,6 +117,32 @@ def test_failures_are_recorded_never_dropped(local_ray, in_tmp, smoke_preset, sm
     assert "non-finite" in failed[R.STATUS_DIVERGED].data.tags[R.TAG_ERROR]
 
 
+def test_each_tokeniser_setting_of_a_space_is_its_own_corpus(local_ray, in_tmp, smoke_preset, smoke_corpus):
+    """A max_vocab grid: the trial with a 12-word vocabulary trains a 12-row embedding, the other the preset's
+    corpus; the two differ in parameters by exactly the vocabularies' difference times d_model."""
+    result = _sweep(smoke_corpus, smoke_preset, _grid(max_vocab=[12, smoke_preset.data.max_vocab]),
+                    _options(in_tmp))
+    rows = result.rows.set_index("max_vocab")
+    assert list(rows[R.STATUS]) == [R.STATUS_OK] * 2
+    assert smoke_corpus.vocab_size > 12
+    assert (rows.loc[smoke_preset.data.max_vocab, R.PARAMS] - rows.loc[12, R.PARAMS]
+            == (smoke_corpus.vocab_size - 12) * smoke_preset.model.d_model)
+
+
+def test_a_range_over_a_tokeniser_key_is_refused_before_ray_starts(smoke_preset):
+    from pefusion.cli.fusion import corpus_settings
+    from pefusion.fusion.config import RULES
+    from pefusion.sweep.space import SearchSpaceError, parse_search_space
+
+    grid = parse_search_space({"tokenizer": {"grid": ["whitespace", "words"]}, "max_vocab": {"choice": [10, 20]},
+                               "lr": {"loguniform": [1e-4, 1e-2]}}, RULES)
+    assert sorted(corpus_settings(grid, smoke_preset)) == ["whitespace/10/2", "whitespace/20/2", "words/10/2",
+                                                          "words/20/2"]
+    ranged = parse_search_space({"max_vocab": {"randint": [100, 200]}}, RULES, "space.yaml")
+    with pytest.raises(SearchSpaceError, match="space.yaml: max_vocab: .* constant, grid or choice, not a range"):
+        corpus_settings(ranged, smoke_preset)
+
+
 def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, in_tmp, smoke_preset, smoke_corpus):
     """Every SPEC §3 metric, per-epoch series at step = epoch, full config as params, and a checkpoint that
     loads with weights_only=True and reproduces the recorded test accuracy."""
@@ -460,6 +486,34 @@ def test_preset_demo_runs_the_demo_search_space(local_ray, in_tmp, sweep, narrow
     assert Path(parent.data.tags[R.TAG_SEARCH_SPACE]).resolve() == (REPO / "search_spaces" / demo_file).resolve()
     assert sorted(int(c.data.params[R.SEED]) for c in children) == sorted(demo_seeds)
     assert all(c.data.tags[R.TAG_STATUS] == R.STATUS_OK for c in children)
+
+
+@pytest.mark.parametrize("sweep,ext,flags,space_file", [
+    ("arxiv_grid", ".csv", ["--pe-types", "sinusoidal", "--fusions", "add", "--seeds", "0"], "arxiv_grid.yaml"),
+    ("lr_batch_asha", ".parquet", ["--num-samples", "2", "--max-t", "1"], "lr_batch_text.yaml"),
+])
+def test_preset_text_runs_every_pe_fusion_sweep_on_a_folder_with_string_labels(local_ray, in_tmp, sweep, ext, flags,
+                                                                            space_file):
+    """`--preset text --data-dir DIR` and nothing else about the data: string labels, the preset's `words`
+    tokeniser and recipe on every child run, and the text search space for the search."""
+    rng, data = np.random.default_rng(0), in_tmp / "reviews"
+    data.mkdir()
+    words = {"pos": ["great", "superb", "fine"], "neg": ["awful", "dull", "poor"]}
+    for split, n in (("train", 40), ("validation", 12), ("test", 12)):
+        labels = rng.choice(["pos", "neg"], n)
+        texts = [" ".join(rng.choice(words[y] + ["the", "film", "<br />"], 12)) + "." for y in labels]
+        frame = pd.DataFrame({"text": texts, "label": labels})
+        frame.to_csv(data / f"{split}.csv", index=False) if ext == ".csv" else frame.to_parquet(data / f"{split}.parquet")
+    code = load_script(f"sweeps/{sweep}.py").main(["--preset", "text", "--data-dir", str(data), "--smoke", *flags,
+                                                    "--name", "text", "--no-dashboard"])
+    assert code == 0
+    _, parent, children = _sweep_runs("text")
+    assert Path(parent.data.tags[R.TAG_SEARCH_SPACE]).name == space_file
+    assert children and all(c.data.tags[R.TAG_STATUS] in (R.STATUS_OK, R.STATUS_STOPPED) for c in children)
+    for child in children:
+        params = child.data.params
+        assert (params["tokenizer"], params["norm_first"], params["final_norm"]) == ("words", "True", "True")
+        assert params[R.DATASET] == "reviews"
 
 
 def test_lr_batch_asha_default_random_search_samples_lr_batch_yaml(local_ray, in_tmp, cache_dir, capsys):
