@@ -149,6 +149,16 @@ def test_a_point_that_does_not_converge_is_nan_not_a_number():
     assert (rows["iterations"] == 3).all()
 
 
+def test_a_semantic_start_that_falls_to_theta_zero_is_not_reported_as_the_semantic_branch():
+    """At λ = 0.1, α = 1.5 the semantic start settles on the positional solution (θ = 0, the same m and ε_g):
+    there is no semantic solution there, so the point is not converged, never a tie between the branches."""
+    rows = TH.fixed_points([1.5, 1.5], ["semantic", "positional"], sigma=[SIGMA] * 2, lam=[0.1] * 2,
+                           omega=[OMEGA] * 2, teacher_A=["default"] * 2, solver=TH.Solver(nodes=6))
+    sem, pos = rows.set_index("branch").loc["semantic"], rows.set_index("branch").loc["positional"]
+    assert not sem.converged and np.isnan([sem.q, sem.m, sem.theta, sem.eps_g, sem.phi]).all()
+    assert pos.converged and pos.m > 0.1
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The cache and the command line (coarse solvers: these check the plumbing, not the numbers)
 # --------------------------------------------------------------------------------------------------------------
@@ -157,7 +167,7 @@ COARSE = TH.Solver(nodes=5)
 
 
 def test_cache_computes_once_and_is_keyed_by_the_parameters(tmp_path, monkeypatch):
-    points = pd.DataFrame({"sigma": 0.5, "lam": [0.01, 0.01, 0.1], "omega": 0.3, "teacher_A": "default",
+    points = pd.DataFrame({"sigma": 0.5, "lam": [0.01, 0.01, 0.005], "omega": 0.3, "teacher_A": "default",
                            "alpha": 1.5, "branch": ["semantic", "positional", "semantic"]})
     first = TH.cached_points(points, tmp_path, COARSE)
     assert len(first) == 3 and first["converged"].all()

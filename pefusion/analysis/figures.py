@@ -193,8 +193,9 @@ def _alpha_lines(ax, omega_colors: Mapping[float, tuple], alpha_c: Curve | None,
     for omega, color in omega_colors.items():
         for curve, style, name in ((alpha_c, "--", "α_c"), (alpha_l, ":", "α_l")):
             value = ST.interpolate_curve(curve, omega) if curve else math.nan
-            if not math.isnan(value):
-                ax.axvline(value, color=color, ls=style, lw=1.2, label=f"{name}(ω={omega:g}) = {value:.3g} (paper)")
+            if not math.isnan(value):  # thin, so that the dashed theory curves stay distinguishable
+                ax.axvline(value, color=color, ls=style, lw=0.8, alpha=0.7,
+                           label=f"{name}(ω={omega:g}) = {value:.3g} (paper)")
 
 
 def student_delta_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = None,
@@ -212,7 +213,7 @@ def student_delta_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
             mean, std = rows[f"{quantity}_mean"].to_numpy(float), np.nan_to_num(rows[f"{quantity}_std"])
             ax.plot(rows[R.ALPHA], mean, marker="o", ms=3, color=color, label=label)
             ax.fill_between(rows[R.ALPHA], mean - std, mean + std, color=color, alpha=0.2, lw=0)
-            _theory_line(ax, rows, f"{quantity}{ST.THEORY_SUFFIX}", color)
+            _theory_line(ax, rows, f"{quantity}{ST.THEORY_SUFFIX}", color, label=f"{label}, d → ∞ theory")
         _alpha_lines(ax, omega_colors, alpha_c, alpha_l)
         ax.axhline(0.0, color="gray", lw=0.8)
         ax.set_xlabel("α = n / d")
@@ -223,11 +224,11 @@ def student_delta_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
     return fig
 
 
-def _theory_line(ax, rows: pd.DataFrame, column: str, color) -> bool:
+def _theory_line(ax, rows: pd.DataFrame, column: str, color, label: str | None = None) -> bool:
     """The d → ∞ theory's values of `column` at the rows' α, dashed in the series' colour; False if none."""
     if column not in rows or not rows[column].notna().any():
         return False
-    ax.plot(rows[R.ALPHA], rows[column], ls="--", lw=1.2, color=color)
+    ax.plot(rows[R.ALPHA], rows[column], ls="--", lw=1.2, color=color, label=label)
     return True
 
 

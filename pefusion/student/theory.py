@@ -24,8 +24,8 @@ loss's symmetric point x → −x, and which of the two mirror minima a node fal
 that tensor rules sample unevenly (the README gives the measured spread).
 
 A point whose iteration does not converge within max_iter, or leaves the region where the equations are defined
-(q ≤ 0, θ²/q > ρ, non-finite values, a proximal step that did not converge), is returned with converged=False and
-NaN values, never as numbers.
+(q ≤ 0, θ²/q > ρ, non-finite values, a proximal step that did not converge), or a semantic start that settles at
+θ = 0 (off its branch), is returned with converged=False and NaN values, never as numbers.
 """
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ DEFAULT_MAX_ITER = 1000
 # step is discontinuous where a node flips between mirror minima, so a state can hop between a few values forever.
 STALL_ITERS = 200
 WEIGHT_FLOOR = 1e-10  # quadrature nodes lighter than this are dropped
+LOST_THETA = 1e-4  # |θ| below this on the semantic branch: it fell to a θ = 0 fixed point (θ ≈ 0.16 on the branch)
 
 # The proximal Newton iteration: a node is done when its gradient's largest component is below NEWTON_TOL (the
 # objective is O(0.01-1), so its minimiser is then known to ~1e-8); a point whose nodes are not all done after
@@ -362,6 +363,11 @@ def _iterate(p: Params, branch: Sequence[str], solver: Solver) -> pd.DataFrame:
         best, best_at = best[keep], best_at[keep]
         if len(active) == 0:
             break
+    # A semantic start that settles where θ vanishes has left its branch (at small α the semantic solution does
+    # not exist and the iteration falls to a θ = 0 fixed point): not the semantic value, so not converged.
+    lost = np.array([b == "semantic" for b in branch]) & converged & (np.abs(out[2].numpy()) < LOST_THETA)
+    out[:, torch.from_numpy(lost)] = math.nan
+    converged &= ~lost
     values = out.numpy()
     return pd.DataFrame({"alpha": p.alpha[:, 0].numpy(), "branch": list(branch),
                          **{k: values[i] for i, k in enumerate((*ORDER, "eps_g", "phi"))},
