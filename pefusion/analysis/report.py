@@ -134,8 +134,12 @@ def write_student_tables(trials: pd.DataFrame, out: str | Path, alpha_c: Curve |
     student_delta_summary.csv and student_alpha_c.csv (estimated crossing beside the published α_c); with
     `theory`, the d → ∞ prediction beside each simulated value (<metric>_theory, alpha_c_theory) and the
     theory's cache files."""
-    out = Path(out)
-    student, alpha_c_theory = student_with_theory(trials, out, theory)
+    return _student_tables(*student_with_theory(trials, out, theory), Path(out), alpha_c)
+
+
+def _student_tables(student: pd.DataFrame, alpha_c_theory: pd.DataFrame | None, out: Path,
+                    alpha_c: Curve | None) -> list[Path]:
+    """write_student_tables from the student frame with its theory (`student_with_theory`)."""
     deltas = ST.student_deltas(student)
     delta_summary = ST.student_delta_summary(deltas)
     tables = {"student_runs": student, "student_summary": ST.student_summary(student), "student_deltas": deltas,
@@ -247,9 +251,9 @@ def _pefusion_sections(trials: pd.DataFrame, out: Path, baseline: str) -> tuple[
 
 def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None, alpha_l: Curve | None,
                       theory: Solver | None) -> tuple[list[str], list[Path]]:
-    written = write_student_tables(trials, out, alpha_c, theory)  # computes and caches the theory
-    figures = write_figures(trials, out, alpha_c=alpha_c, alpha_l=alpha_l, theory=theory)  # reads the cache
-    student, alpha_c_theory = student_with_theory(trials, out, theory)
+    student, alpha_c_theory = student_with_theory(trials, out, theory)  # the theory computed (or read) once
+    written = _student_tables(student, alpha_c_theory, out, alpha_c)
+    figures = F.student_figures(student, out / "figures", alpha_c, alpha_l, alpha_c_theory)
     delta_summary = ST.student_delta_summary(ST.student_deltas(student))
     published = "" if alpha_c else " (published α_c(ω) unavailable: pefusion.student has no ALPHA_C_PUBLISHED)"
     beside = "" if theory is None else (
