@@ -2,7 +2,7 @@
 `cache_root`, named by `cache_key`.
 
 So that a corpus is tokenised once, not once per run or per trial. The key hashes everything the ids depend on
-(the source's identity, for local files their paths, sizes and modification times; the tokeniser settings;
+(the source's `identity()`, for local files their paths, sizes and modification times; the tokeniser settings;
 max_len; FORMAT_VERSION), so an edited file or a changed setting finds no entry instead of a stale one. An entry
 appears atomically, so runs that race on one corpus never read a half-written entry.
 """
@@ -20,7 +20,8 @@ import numpy as np
 
 from pefusion.data.config import DataConfig
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
-from pefusion.data.readers import HUB_VALIDATION_FRACTION, SPLITS, find_split_files
+from pefusion.data.readers import SPLITS
+from pefusion.data.sources import Source
 
 # Bump when the cache layout or the meaning of cached arrays changes: old entries are then simply not found.
 FORMAT_VERSION = 1
@@ -30,30 +31,11 @@ def cache_root(cfg: DataConfig) -> Path:
     return Path(cfg.cache_dir or os.environ.get("PEFUSION_CACHE") or Path.home() / ".cache" / "pefusion").expanduser()
 
 
-def source_identity(cfg: DataConfig) -> dict[str, Any]:
-    """What the cached ids depend on besides the tokeniser: which documents, from where, in which columns."""
-    if cfg.synthetic:
-        from pefusion.data import synthetic as synthetic_corpus
-
-        return {"kind": "synthetic", "generator": synthetic_corpus.GENERATOR_VERSION,
-                "settings": synthetic_corpus.default_settings(cfg.synthetic_task),
-                "sizes": [cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_test], "seed": cfg.synthetic_seed}
-    columns = [cfg.text_column, cfg.label_column]
-    if cfg.data_dir:
-        files = find_split_files(Path(cfg.data_dir))
-        stamp = []
-        for split, paths in files.items():
-            for p in paths:
-                st = p.stat()
-                stamp.append([split, str(p.resolve()), st.st_size, st.st_mtime_ns])
-        return {"kind": "local", "files": stamp, "columns": columns}
-    return {"kind": "hub", "dataset": cfg.dataset, "config": cfg.dataset_config, "columns": columns,
-            "validation_fraction": HUB_VALIDATION_FRACTION}
-
-
-def cache_key(cfg: DataConfig) -> str:
-    """Hash of the source identity + tokeniser settings + max_len + format version."""
-    payload = {"source": source_identity(cfg), "tokenizer": cfg.tokenizer, "min_freq": cfg.min_freq,
+def cache_key(cfg: DataConfig, source: Source | None = None) -> str:
+    """Hash of the source's identity (default: the source `cfg` names) + tokeniser settings + max_len + format
+    version."""
+    source = source or cfg.source
+    payload = {"source": source.identity(), "tokenizer": cfg.tokenizer, "min_freq": cfg.min_freq,
                "max_vocab": cfg.max_vocab, "max_len": cfg.max_len, "format": FORMAT_VERSION}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
 

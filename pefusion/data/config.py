@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pefusion.data.sources import Source, source_of
 from pefusion.data.synthetic import TASKS as SYNTHETIC_TASKS
 from pefusion.errors import ConfigError, check_choice, check_positive
 
@@ -18,8 +19,9 @@ TOKENIZER_KEYS = ("tokenizer", "max_vocab", "min_freq")
 class DataConfig:
     """Where documents come from and how they become token ids.
 
-    Exactly one source is used, in this order: `synthetic=True`, else `data_dir` (local train/validation/test
-    files), else the Hugging Face dataset `dataset` (with `dataset_config`, e.g. ArXiv's `no_ref`).
+    Exactly one source is used (`source`, one class per kind in `pefusion.data.sources`): `synthetic=True`, else
+    `data_dir` (local train/validation/test files), else the Hugging Face dataset `dataset` (with
+    `dataset_config`, e.g. ArXiv's `no_ref`). `synthetic` with `data_dir` names two sources and is refused.
     """
 
     dataset: str = DEFAULT_DATASET
@@ -46,6 +48,9 @@ class DataConfig:
             check_positive(key, getattr(self, key))
         check_choice("synthetic_task", self.synthetic_task, SYNTHETIC_TASKS)
         check_choice("tokenizer", self.tokenizer, TOKENIZERS)
+        if self.synthetic and self.data_dir:
+            raise ConfigError(f"synthetic=True and data_dir={self.data_dir!r} name two sources; set synthetic=False "
+                              f"to read the files, or data_dir=None for the synthetic corpus")
         edges = tuple(int(e) for e in self.length_edges)
         if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] <= 0:
             raise ConfigError(f"length_edges={self.length_edges!r} must be positive and strictly increasing")
@@ -57,10 +62,11 @@ class DataConfig:
         return "/".join(str(getattr(self, k)) for k in TOKENIZER_KEYS)
 
     @property
+    def source(self) -> Source:
+        """Where the documents come from, as `sources.source_of` picks it from the fields above."""
+        return source_of(self)
+
+    @property
     def source_name(self) -> str:
         """Short dataset name recorded with every trial (the `dataset` param)."""
-        if self.synthetic:
-            return "synthetic" if self.synthetic_task == "order" else f"synthetic-{self.synthetic_task}"
-        if self.data_dir:
-            return self.data_dir.rstrip("/").split("/")[-1] or self.data_dir
-        return self.dataset
+        return self.source.name

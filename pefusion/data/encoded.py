@@ -52,7 +52,7 @@ class EncodedCorpus:
     vocab_size: int
     num_classes: int
     max_len: int
-    name: str  # DataConfig.source_name, recorded as the `dataset` param
+    name: str  # the source's name (sources.Source.name), recorded as the `dataset` param
     cache_key: str
     label_names: tuple[str, ...] = ()  # label_names[i] is the original label of class id i
     meta: dict[str, Any] = field(default_factory=dict)  # the cache's meta.json: counts, dropped docs, source

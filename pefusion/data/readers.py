@@ -1,14 +1,13 @@
-"""Sources to raw splits: the documents and labels of each split, and the labels as class ids.
+"""Data files and hub tables to raw splits: the documents and labels of each split, and the labels as class ids.
 
-Sources, in the order `DataConfig` picks them: the bundled synthetic corpus, a local directory of
-train/validation/test JSONL/CSV/Parquet files (JSONL and CSV also gzip/bz2/xz-compressed), or a Hugging Face
-hub dataset (`datasets.load_dataset`; the hub is probed first, so that a machine without internet reads the local
-Hugging Face cache at once instead of waiting out the client's retries). Each gives texts and labels per split,
-documents without text dropped (`RawSplit`); `map_labels` turns the labels into class ids. This is the code that
-meets what the user supplied, so it raises nearly every `DataError` (a data problem the user can fix, in one line),
-and that error is defined here. Local files are vetted before any parser sees them (`open_text`, `_check_head`):
-an empty file, a compressed file under a plain name, UTF-16, or bytes that are not UTF-8 are named as such (the
-last with the byte offset), not left to surface as a UnicodeDecodeError traceback from inside json or pandas.
+The helpers every kind of source (`pefusion.data.sources`) reads with: local train/validation/test JSONL, CSV or
+Parquet files (JSONL and CSV also gzip/bz2/xz-compressed) found by name (`find_split_files`, `read_data_file`),
+the Hugging Face hub probe and offline switch, documents without text dropped (`RawSplit`); `map_labels` turns the
+labels into class ids. This is the code that meets what the user supplied, so it raises nearly every `DataError`
+(a data problem the user can fix, in one line), and that error is defined here. Local files are vetted before any
+parser sees them (`open_text`, `_check_head`): an empty file, a compressed file under a plain name, UTF-16, or
+bytes that are not UTF-8 are named as such (the last with the byte offset), not left to surface as a
+UnicodeDecodeError traceback from inside json or pandas.
 """
 from __future__ import annotations
 
@@ -28,12 +27,14 @@ import urllib.parse
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Iterator, Sequence, TextIO
 
 import numpy as np
 
 from pefusion.errors import ConfigError
-from pefusion.data.config import DataConfig
+
+if TYPE_CHECKING:
+    from pefusion.data.config import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class DataError(ConfigError):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Sources -> raw splits
+# Files and hub tables -> raw splits
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -80,7 +81,7 @@ class RawSplit:
     dropped_empty: int = 0
 
 
-def _clean(texts: Sequence[Any], labels: Sequence[Any], origin: str) -> RawSplit:
+def clean_split(texts: Sequence[Any], labels: Sequence[Any], origin: str) -> RawSplit:
     """Drop documents whose text is missing or only whitespace (the paper's filter), counting them."""
     keep_t, keep_l = [], []
     for t, y in zip(texts, labels):
@@ -286,29 +287,12 @@ def find_split_files(data_dir: Path) -> dict[str, list[Path]]:
     return found
 
 
-def _read_local(cfg: DataConfig, files: dict[str, list[Path]]) -> dict[str, RawSplit]:
-    raw = {}
-    for split, paths in files.items():
-        texts, labels = [], []
-        for path in paths:
-            fmt = data_file_name(path).fmt
-            if fmt == "jsonl":
-                t, y = _read_jsonl(path, cfg.text_column, cfg.label_column)
-            else:
-                t, y = _read_table(path, fmt, cfg.text_column, cfg.label_column)
-            texts += t
-            labels += y
-        raw[split] = _clean(texts, labels, ", ".join(map(str, paths)))
-    return raw
-
-
-def _read_synthetic(cfg: DataConfig) -> dict[str, RawSplit]:
-    from pefusion.data.synthetic import generate_synthetic_corpus
-
-    corpus = generate_synthetic_corpus(cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_test,
-                                       seed=cfg.synthetic_seed, task=cfg.synthetic_task)
-    return {split: _clean([d["text"] for d in docs], [d["label"] for d in docs], f"synthetic:{split}")
-            for split, docs in corpus.items()}
+def read_data_file(path: Path, text_col: str, label_col: str) -> tuple[list, list]:
+    """The texts and labels of one JSONL, CSV or Parquet data file (by its name's format)."""
+    fmt = data_file_name(path).fmt
+    if fmt == "jsonl":
+        return _read_jsonl(path, text_col, label_col)
+    return _read_table(path, fmt, text_col, label_col)
 
 
 def _env_true(name: str) -> bool:
@@ -335,7 +319,7 @@ def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
 
 
 @contextlib.contextmanager
-def _forced_offline():
+def forced_offline():
     """What HF_HUB_OFFLINE=1 does, for one call: read the local Hugging Face cache, never the network.
     The libraries read the variable once at import, so their module flags are patched for the call."""
     import datasets
@@ -349,50 +333,7 @@ def _forced_offline():
         constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
 
 
-def _read_hub(cfg: DataConfig) -> tuple[dict[str, RawSplit], tuple[str, ...] | None]:
-    """Splits of the hub dataset `cfg.dataset`, plus its ClassLabel names when the label column has them."""
-    import datasets
-
-    where = f"dataset {cfg.dataset!r}" + (f" (config {cfg.dataset_config!r})" if cfg.dataset_config else "")
-    offline = hub_offline() or (not Path(cfg.dataset).exists() and not hub_reachable())
-    try:
-        with _forced_offline() if offline else contextlib.nullcontext():
-            dsd = datasets.load_dataset(cfg.dataset, cfg.dataset_config)
-    except Exception as e:  # offline + not cached, unknown name, bad config, gated repo: all one message
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        state = "offline (no internet or HF_HUB_OFFLINE set) and " if offline else ""
-        raise DataError(f"cannot load {where} from the Hugging Face hub: {state}{type(e).__name__}: "
-                        f"{reason}; {SUPPLY_HINT}") from e
-
-    names = {}
-    for split, aliases in SPLIT_ALIASES.items():
-        names[split] = next((a for a in aliases if a in dsd), None)
-    if names["train"] is None or names["test"] is None:
-        raise DataError(f"{where} has splits {', '.join(dsd)}; it needs train and test (and optionally validation)")
-    parts = {split: dsd[name] for split, name in names.items() if name is not None}
-    if names["validation"] is None:
-        # Fixed seed: every trial and every later run sees the same held-out documents.
-        held = parts["train"].train_test_split(test_size=HUB_VALIDATION_FRACTION, seed=0, shuffle=True)
-        parts["train"], parts["validation"] = held["train"], held["test"]
-        log.info("%s has no validation split: holding out %.0f%% of train with seed 0", where,
-                 100 * HUB_VALIDATION_FRACTION)
-
-    raw = {}
-    for split, part in parts.items():
-        for col in (cfg.text_column, cfg.label_column):
-            if col not in part.column_names:
-                raise DataError(f"{where} split {split!r} has no column {col!r} "
-                                f"(columns: {', '.join(part.column_names)}); set text_column/label_column")
-        table = part.with_format("arrow")[:]  # an arrow table (with any held-out split applied): no row access
-        origin = f"{where} split {names[split] or 'train'!r}"
-        texts, labels = (_arrow_values(table.column(c), origin, c) for c in (cfg.text_column, cfg.label_column))
-        raw[split] = _clean(texts, labels, origin)
-    feature = parts["train"].features[cfg.label_column]
-    label_names = tuple(feature.names) if isinstance(feature, datasets.ClassLabel) else None
-    return raw, label_names
-
-
-def _arrow_values(column: Any, origin: str, name: str) -> list:
+def arrow_values(column: Any, origin: str, name: str) -> list:
     """An Arrow column as Python values. A dataset built from local files that are not UTF-8 (the JSON builder
     does not check) holds invalid strings, which fail only here: one line naming the row, not a traceback."""
     try:
@@ -410,13 +351,9 @@ def _arrow_values(column: Any, origin: str, name: str) -> list:
 
 
 def read_source(cfg: DataConfig) -> tuple[dict[str, RawSplit], tuple[str, ...] | None]:
-    """The raw splits of the source `cfg` names, plus the class names when the source has them (a hub
-    ClassLabel column)."""
-    if cfg.synthetic:
-        return _read_synthetic(cfg), None
-    if cfg.data_dir:
-        return _read_local(cfg, find_split_files(Path(cfg.data_dir))), None
-    return _read_hub(cfg)
+    """The raw splits of the source `cfg` names (`DataConfig.source`), plus the class names when the source has
+    them (a hub ClassLabel column)."""
+    return cfg.source.read()
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,0 +1,177 @@
+"""Where documents come from: one small class per kind of source, and `source_of`, which picks a DataConfig's.
+
+A source answers three questions (`Source`): its documents (`read`: texts and labels per split, and the class
+names when it has them), what those documents depend on (`identity`: the source's part of the token cache's key,
+so an edited file or a changed setting finds no entry instead of a stale one), and a short `name` recorded with
+every trial (the `dataset` param). Everything after reading (labels to ids, tokenising, caching) is the same for
+every source (`corpus.load_corpus`), so a new kind of source is one new class here; `load_corpus(cfg, source)`
+reads any `Source`, and `source_of` is the one place a DataConfig field would pick it.
+"""
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pefusion.data import readers
+from pefusion.data import synthetic as synthetic_corpus
+from pefusion.data.readers import (HUB_VALIDATION_FRACTION, SPLIT_ALIASES, SUPPLY_HINT, DataError, RawSplit,
+                                   clean_split, find_split_files, read_data_file)
+
+if TYPE_CHECKING:
+    from pefusion.data.config import DataConfig
+
+log = logging.getLogger(__name__)
+
+Read = tuple[dict[str, RawSplit], tuple[str, ...] | None]  # raw splits by name, class names (None: from labels)
+
+
+class Source(abc.ABC):
+    """A kind of source: its documents, what they depend on, and its name."""
+
+    @property
+    @abc.abstractmethod
+    def name(self) -> str:
+        """Short dataset name recorded with every trial (the `dataset` param)."""
+
+    @abc.abstractmethod
+    def read(self) -> Read:
+        """The train/validation/test `RawSplit`s, and the class names when the source has them."""
+
+    @abc.abstractmethod
+    def identity(self) -> dict[str, Any]:
+        """JSON-able description of which documents, from where, in which columns: the source's part of the cache
+        key. Change it only with a reason: a different identity misses every corpus already cached."""
+
+
+@dataclass(frozen=True)
+class SyntheticCorpus(Source):
+    """The bundled synthetic corpus (`pefusion.data.synthetic`), generated from its task, sizes and seed."""
+
+    task: str
+    sizes: tuple[int, int, int]  # train, validation, test documents
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return "synthetic" if self.task == "order" else f"synthetic-{self.task}"
+
+    def read(self) -> Read:
+        corpus = synthetic_corpus.generate_synthetic_corpus(*self.sizes, seed=self.seed, task=self.task)
+        return {split: clean_split([d["text"] for d in docs], [d["label"] for d in docs], f"synthetic:{split}")
+                for split, docs in corpus.items()}, None
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": "synthetic", "generator": synthetic_corpus.GENERATOR_VERSION,
+                "settings": synthetic_corpus.default_settings(self.task), "sizes": list(self.sizes),
+                "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class LocalFolder(Source):
+    """A directory of train/validation/test JSONL, CSV or Parquet files (`readers.find_split_files`)."""
+
+    data_dir: str
+    text_column: str
+    label_column: str
+
+    @property
+    def name(self) -> str:
+        return self.data_dir.rstrip("/").split("/")[-1] or self.data_dir
+
+    def read(self) -> Read:
+        raw = {}
+        for split, paths in find_split_files(Path(self.data_dir)).items():
+            texts, labels = [], []
+            for path in paths:
+                t, y = read_data_file(path, self.text_column, self.label_column)
+                texts += t
+                labels += y
+            raw[split] = clean_split(texts, labels, ", ".join(map(str, paths)))
+        return raw, None
+
+    def identity(self) -> dict[str, Any]:
+        # Paths, sizes and modification times: an edited or replaced file is a new corpus.
+        stamp = []
+        for split, paths in find_split_files(Path(self.data_dir)).items():
+            for p in paths:
+                st = p.stat()
+                stamp.append([split, str(p.resolve()), st.st_size, st.st_mtime_ns])
+        return {"kind": "local", "files": stamp, "columns": [self.text_column, self.label_column]}
+
+
+@dataclass(frozen=True)
+class HubDataset(Source):
+    """A Hugging Face dataset (`datasets.load_dataset`: a hub name or a local dataset directory). The hub is probed
+    first, so that a machine without internet reads the local Hugging Face cache at once instead of waiting out
+    the client's retries; a dataset without a validation split gets HUB_VALIDATION_FRACTION of train."""
+
+    dataset: str
+    config: str | None
+    text_column: str
+    label_column: str
+
+    @property
+    def name(self) -> str:
+        return self.dataset
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": "hub", "dataset": self.dataset, "config": self.config,
+                "columns": [self.text_column, self.label_column], "validation_fraction": HUB_VALIDATION_FRACTION}
+
+    def read(self) -> Read:
+        import datasets
+
+        where = f"dataset {self.dataset!r}" + (f" (config {self.config!r})" if self.config else "")
+        # readers.hub_reachable looked up at call time: tests stand in for a machine without internet there.
+        offline = readers.hub_offline() or (not Path(self.dataset).exists() and not readers.hub_reachable())
+        try:
+            with readers.forced_offline() if offline else contextlib.nullcontext():
+                dsd = datasets.load_dataset(self.dataset, self.config)
+        except Exception as e:  # offline + not cached, unknown name, bad config, gated repo: all one message
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            state = "offline (no internet or HF_HUB_OFFLINE set) and " if offline else ""
+            raise DataError(f"cannot load {where} from the Hugging Face hub: {state}{type(e).__name__}: "
+                            f"{reason}; {SUPPLY_HINT}") from e
+
+        names = {}
+        for split, aliases in SPLIT_ALIASES.items():
+            names[split] = next((a for a in aliases if a in dsd), None)
+        if names["train"] is None or names["test"] is None:
+            raise DataError(f"{where} has splits {', '.join(dsd)}; it needs train and test (and optionally "
+                            f"validation)")
+        parts = {split: dsd[name] for split, name in names.items() if name is not None}
+        if names["validation"] is None:
+            # Fixed seed: every trial and every later run sees the same held-out documents.
+            held = parts["train"].train_test_split(test_size=HUB_VALIDATION_FRACTION, seed=0, shuffle=True)
+            parts["train"], parts["validation"] = held["train"], held["test"]
+            log.info("%s has no validation split: holding out %.0f%% of train with seed 0", where,
+                     100 * HUB_VALIDATION_FRACTION)
+
+        raw = {}
+        for split, part in parts.items():
+            for col in (self.text_column, self.label_column):
+                if col not in part.column_names:
+                    raise DataError(f"{where} split {split!r} has no column {col!r} "
+                                    f"(columns: {', '.join(part.column_names)}); set text_column/label_column")
+            table = part.with_format("arrow")[:]  # an arrow table (with any held-out split applied): no row access
+            origin = f"{where} split {names[split] or 'train'!r}"
+            texts, labels = (readers.arrow_values(table.column(c), origin, c)
+                             for c in (self.text_column, self.label_column))
+            raw[split] = clean_split(texts, labels, origin)
+        feature = parts["train"].features[self.label_column]
+        label_names = tuple(feature.names) if isinstance(feature, datasets.ClassLabel) else None
+        return raw, label_names
+
+
+def source_of(cfg: DataConfig) -> Source:
+    """The source `cfg` names: `synthetic=True`, else `data_dir`, else the Hugging Face dataset `dataset`."""
+    if cfg.synthetic:
+        return SyntheticCorpus(cfg.synthetic_task, (cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_test),
+                               cfg.synthetic_seed)
+    if cfg.data_dir:
+        return LocalFolder(cfg.data_dir, cfg.text_column, cfg.label_column)
+    return HubDataset(cfg.dataset, cfg.dataset_config, cfg.text_column, cfg.label_column)
