@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
