@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO, subprocess_env
 
-DEMO = ["--preset", "demo", "--seeds", "0", "--pe-types", "sinusoidal", "--fusions", "add,gate_scalar"]
+DEMO = ["--preset", "demo", "--pe-types", "sinusoidal", "--fusions", "add,gate_scalar"]
 
 # The sweep's own lines: what the driver and the command print (a sweep's one-line error included).
 OURS = [re.compile(p) for p in (
@@ -95,7 +95,8 @@ def _flags(tmp_path: Path, cache_dir: Path, name: str) -> list[str]:
 
 @pytest.mark.subprocess_ray
 def test_demo_grid_console_has_no_line_of_ray_or_mlflow(tmp_path, cache_dir):
-    code, out = run_on_a_terminal([*DEMO, "--epochs", "2", *_flags(tmp_path, cache_dir, "demo")], tmp_path)
+    args = [*DEMO, "--seeds", "0", "--epochs", "2", *_flags(tmp_path, cache_dir, "demo")]
+    code, out = run_on_a_terminal(args, tmp_path)
     assert code == 0, out
     assert foreign_lines(out) == [], out
     assert "2 trials, 2 ok, 0 failed" in out and "Ray and MLflow messages: rr/demo/driver.log" in out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sys
 from pathlib import Path
 
 LOG_FILE = "driver.log"
@@ -31,18 +32,17 @@ class _LogFile(logging.FileHandler):
         return _FORMAT.format(record)
 
 
-class _OneLineErrors(logging.StreamHandler):
+class _OneLineErrors(logging.Handler):
     """An ERROR of Ray or MLflow, on the console in one line (its first) that names the file with the rest."""
 
     def __init__(self, log_path: str) -> None:
-        super().__init__()  # sys.stderr as it is now
-        self.setLevel(logging.ERROR)
+        super().__init__(logging.ERROR)
         self.log_path = log_path
 
-    def format(self, record: logging.LogRecord) -> str:
-        who = "MLflow" if not record.name.startswith("ray") else "Ray"
+    def emit(self, record: logging.LogRecord) -> None:
+        who = "Ray" if record.name.startswith("ray") else "MLflow"
         first = (record.getMessage().strip().splitlines() or [""])[0]
-        return f"{who}: {first}  (more in {self.log_path})"
+        print(f"{who}: {first}  (more in {self.log_path})", file=sys.stderr, flush=True)  # stderr as it is now
 
 
 class _Redirect:
