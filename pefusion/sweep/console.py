@@ -59,7 +59,7 @@ class _Redirect:
         for name in _loggers():
             logger = logging.getLogger(name)
             self.saved[name] = (list(logger.handlers), logger.propagate)
-            kept = [h for h in logger.handlers if _writes_a_file(h)]  # e.g. Ray's own session log of ray.data
+            kept = [h for h in logger.handlers if _off_the_console(h)]  # e.g. Ray's own session log of ray.data
             logger.handlers = [*kept, self.file, self.errors]
             logger.propagate = False
         logging.captureWarnings(True)
@@ -123,11 +123,12 @@ def _loggers() -> list[str]:
     """LOGGERS, and any logger below them that has a console handler of its own (Ray's `ray.data`)."""
     below = [name for name, logger in logging.root.manager.loggerDict.items()
              if isinstance(logger, logging.Logger) and name.startswith(tuple(f"{n}." for n in LOGGERS))
-             and any(not _writes_a_file(h) for h in logger.handlers)]
+             and any(not _off_the_console(h) for h in logger.handlers)]
     return [*LOGGERS, *sorted(below)]
 
 
-def _writes_a_file(handler: logging.Handler) -> bool:
+def _off_the_console(handler: logging.Handler) -> bool:
+    """A handler that writes a file or nowhere (a console handler is a StreamHandler that is not a file's)."""
     return isinstance(handler, (logging.FileHandler, logging.NullHandler)) or \
         not isinstance(handler, logging.StreamHandler)
 
