@@ -27,6 +27,7 @@ from ray import tune
 from pefusion import record as R
 from pefusion.errors import ConfigError
 from pefusion.sweep import live
+from pefusion.sweep import console
 from pefusion.sweep.gpus import AUTO
 from pefusion.sweep.live import LiveSweep, TrialEvents, error_summary
 from pefusion.sweep.tracking import SweepRecorder, TrackingError, check_tracking, resolve_tracking_uri
@@ -216,6 +217,7 @@ def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOpt
         raise ConfigError(f"--resume: no experiment at {exp_path}")
     if not opts.resume and not opts.is_remote_storage and Path(exp_path).exists():
         raise ConfigError(f"experiment {exp_path} exists: pass --resume to continue it, or another --name")
+    console.quiet(exp_path, opts.verbose)  # Ray's and MLflow's messages to the experiment's driver.log (-v: here)
     started_here = not ray.is_initialized()
     dashboard = start_ray(opts)
     try:  # what the cluster really has (a joined one, or a sweep inside a running ray.init)

@@ -1,0 +1,201 @@
+"""A sweep's console holds only the sweep's own lines; Ray's and MLflow's messages go to `driver.log` in the
+experiment's folder (`pefusion.sweep.console`). The sweeps run as a user runs them: a separate process on a
+terminal (a pty, where Ray's colour codes show), started in a folder of their own."""
+from __future__ import annotations
+
+import logging
+import os
+import pty
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, subprocess_env
+
+DEMO = ["--preset", "demo", "--pe-types", "sinusoidal", "--fusions", "add,gate_scalar"]
+
+# The sweep's own lines: what the driver and the command print (a sweep's one-line error included).
+OURS = [re.compile(p) for p in (
+    r"\d+ trials on ",  # what the sweep runs on
+    r"Ray and MLflow messages: ",
+    r"Ray dashboard: http",
+    r"MLflow: ",  # where the runs go
+    r"\[\d\d:\d\d:\d\d\] \d+/\d+ done",  # progress
+    r"interrupted: .*continue with: ",
+    r"error: ",
+    r"sinusoidal\s+(add|gate_scalar)\s",  # a row of the final table (its header is the line before the first)
+    r"\d+ trials, \d+ ok, \d+ failed",
+    r"results: ",
+    r"Ray experiment: ",
+)]
+
+
+def foreign_lines(text: str) -> list[str]:
+    """The lines of a sweep's console output that are not the sweep's own (empty lines aside)."""
+    lines = [line.rstrip("\r") for line in text.split("\n")]
+    lines = [line for line in lines if line.strip()]
+    ours = [any(p.match(line) for p in OURS) for line in lines]
+    first_row = next((i for i, line in enumerate(lines) if OURS[7].match(line)), None)
+    if first_row:  # the table's header
+        ours[first_row - 1] = True
+    return [line for line, mine in zip(lines, ours) if not mine]
+
+
+def run_on_a_terminal(args: list[str], cwd: Path, interrupt_when=None, timeout: float = 300) -> tuple[int, str]:
+    """Run `sweeps/arxiv_grid.py args` with stdout and stderr on a pty; SIGINT it (as Ctrl-C does) once
+    `interrupt_when()` holds. Returns the exit code and everything it printed."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *args], cwd=cwd,
+                            env=subprocess_env(RAY_AUTH_MODE=None), stdin=subprocess.DEVNULL, stdout=slave,
+                            stderr=slave)
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO: every writer has closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.time() + timeout
+    try:
+        while interrupt_when is not None and proc.poll() is None:
+            assert time.time() < deadline, "nothing to interrupt in time"
+            if interrupt_when():
+                proc.send_signal(signal.SIGINT)
+                break
+            time.sleep(0.2)
+        code = proc.wait(timeout=max(1.0, deadline - time.time()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+        os.close(master)
+    return code, b"".join(chunks).decode("utf-8", "replace")
+
+
+def _flags(tmp_path: Path, cache_dir: Path, name: str) -> list[str]:
+    return ["--name", name, "--out", "out", "--storage-path", "rr", "--tracking-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}", "--cache-dir", str(cache_dir)]
+
+
+@pytest.mark.subprocess_ray
+def test_demo_grid_console_has_no_line_of_ray_or_mlflow(tmp_path, cache_dir):
+    args = [*DEMO, "--seeds", "0", "--epochs", "2", *_flags(tmp_path, cache_dir, "demo")]
+    code, out = run_on_a_terminal(args, tmp_path)
+    assert code == 0, out
+    assert foreign_lines(out) == [], out
+    assert "2 trials, 2 ok, 0 failed" in out and "Ray and MLflow messages: rr/demo/driver.log" in out
+    # what left the console is in the log (Ray's token-auth notice, MLflow creating a new store's tables)
+    log = (tmp_path / "rr" / "demo" / "driver.log").read_text()
+    assert "Token authentication is enabled" in log and "Creating initial MLflow database tables" in log
+
+
+@pytest.mark.subprocess_ray
+def test_resume_after_an_interruption_has_no_line_of_ray_or_mlflow(tmp_path, cache_dir):
+    # one trial at a time: on resume, three trials have not started (Ray lists each as "Failed to fetch metrics")
+    args = [*DEMO, "--seeds", "0,1", "--epochs", "3", "--num-cpus", "1", "--no-dashboard",
+            *_flags(tmp_path, cache_dir, "cut")]
+    exp = tmp_path / "rr" / "cut"
+    reported = lambda: any(p.stat().st_size for p in exp.glob("*/result.json"))  # noqa: E731
+    code, out = run_on_a_terminal(args, tmp_path, interrupt_when=reported)
+    assert code == 130, out
+    assert foreign_lines(out) == [], out
+    assert "pending); continue with: " in out
+
+    code, out = run_on_a_terminal([*args, "--resume"], tmp_path)
+    assert code == 0, out
+    assert foreign_lines(out) == [], out
+    assert "4 trials, 4 ok, 0 failed" in out
+    assert re.search(r"Failed to fetch metrics for [1-3] trial\(s\)", (exp / "driver.log").read_text())
+
+
+def test_foreign_lines_are_those_of_ray_mlflow_or_a_terminal_reset():
+    """The rule of the two tests above, on what main's code printed (a resumed demo grid, on a terminal)."""
+    printed = (
+        "4 trials on synthetic-spread: 900 train / 1000 validation / 500 test documents, vocabulary 1006\r\n"
+        "2026-11-25 01:12:14,003\tWARNING authentication_token_setup.py:85 -- Token authentication is enabled\r\n"
+        "MLflow: sqlite:////tmp/m.db  experiment 'pe-fusion', parent run 9b2\r\n"
+        "2026/11/25 01:11:47 INFO mlflow.store.db.utils: Creating initial MLflow database tables...\r\n"
+        "2026-11-25 01:12:25,601\tWARNING experiment_analysis.py:186 -- Failed to fetch metrics for 1 trial(s):\r\n"
+        "- pefusion_trainable_2e504_00003: FileNotFoundError('Could not fetch metrics')\n"
+        "[01:12:35] 1/2 done (0 failed), 0 running, 1 pending; 10s elapsed, ~31s left; sinusoidal-add-s0 ok\r\n"
+        "        PE      fusion seeds test acc % (ours)\r\n"
+        "sinusoidal         add     2      24.80 M-BM-1 1.70\r\n"
+        "2 trials, 2 ok, 0 failed\r\n"
+        "results: out/x_results_by_seed.csv\r\n"
+        "Ray experiment: /tmp/rr/x\r\n"
+        "\x1b[0m\r\n")
+    assert [line[:25] for line in foreign_lines(printed)] == [
+        "2026-11-25 01:12:14,003\tW", "2026/11/25 01:11:47 INFO ", "2026-11-25 01:12:25,601\tW",
+        "- pefusion_trainable_2e50", "\x1b[0m"]
+
+
+@pytest.fixture
+def ray_and_mlflow_loggers(monkeypatch, tmp_path):
+    """Ray's and MLflow's loggers as they are once both are imported; put back whatever a test leaves."""
+    import mlflow  # noqa: F401
+    import ray  # noqa: F401
+    from pefusion.sweep import console
+
+    monkeypatch.chdir(tmp_path)
+    before = {name: (list(logging.getLogger(name).handlers), logging.getLogger(name).propagate)
+              for name in console.LOGGERS}
+    yield console
+    console.restore()  # the loggers as they were
+    assert before == {name: (list(logging.getLogger(name).handlers), logging.getLogger(name).propagate)
+                      for name in console.LOGGERS}
+
+
+def test_messages_go_to_the_log_and_an_error_shows_in_one_line(ray_and_mlflow_loggers, tmp_path, capfd):
+    console = ray_and_mlflow_loggers
+    path = console.quiet(str(tmp_path / "rr" / "exp"), verbose=1)
+    logging.getLogger("ray.tune.tune").warning("a Ray warning")
+    logging.getLogger("mlflow.store.db.utils").info("an MLflow notice")
+    logging.getLogger("alembic.runtime.migration").warning("an alembic warning")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("a Python warning", UserWarning)
+    logging.getLogger("ray.tune").error("Trials did not complete\nTraceback (most recent call last):\n  ...")
+    log = path.read_text()
+    console.restore()
+    out, err = capfd.readouterr()
+    assert out == "Ray and MLflow messages: rr/exp/driver.log  (-v shows them here)\n"
+    assert err == "Ray: Trials did not complete  (more in rr/exp/driver.log)\n"
+    for said in ("a Ray warning", "an MLflow notice", "an alembic warning", "a Python warning",
+                 "Trials did not complete\nTraceback (most recent call last):"):
+        assert said in log
+
+
+def test_verbose_leaves_the_console_to_ray_and_mlflow(ray_and_mlflow_loggers, tmp_path, capfd):
+    console = ray_and_mlflow_loggers
+    before = {name: list(logging.getLogger(name).handlers) for name in console.LOGGERS}
+    assert console.quiet(str(tmp_path / "exp"), verbose=2) is None
+    assert before == {name: list(logging.getLogger(name).handlers) for name in console.LOGGERS}
+    assert capfd.readouterr().out == "" and not (tmp_path / "exp").exists()
+
+
+def test_an_experiment_tune_never_wrote_leaves_no_folder(ray_and_mlflow_loggers, tmp_path):
+    console = ray_and_mlflow_loggers
+    console.quiet(str(tmp_path / "refused"), verbose=1)
+    logging.getLogger("ray").warning("the token-auth notice")
+    console.restore()  # the same --name can start again, not taken for an experiment to --resume
+    assert not (tmp_path / "refused").exists()
+    console.quiet(str(tmp_path / "ran"), verbose=1)
+    (tmp_path / "ran" / "experiment_state.json").write_text("{}")
+    console.restore()
+    assert sorted(p.name for p in (tmp_path / "ran").iterdir()) == ["driver.log", "experiment_state.json"]
