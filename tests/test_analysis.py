@@ -229,7 +229,7 @@ def test_search_sweep_ranks_trials_and_stopped_is_not_failed(tmp_path):
         R.ERROR: ["", "", "boom"], R.BEST_VAL_ACC: [0.6, 0.671, np.nan], R.TEST_ACC: [0.5, np.nan, np.nan]})
     table = SE.search_table(trials)
     assert list(table[RU.TRIAL_ID]) == ["b", "a", "c"] and "batch_size" not in table  # only what varies
-    assert table[R.BEST_VAL_ACC].iloc[0] == pytest.approx(67.1)
+    assert table[R.BEST_VAL_ACC].iloc[0] == pytest.approx(0.671)
     assert list(RU.failed(trials)[RU.TRIAL_ID]) == ["c"]
     sweep = RU.Sweep("sqlite:///unused.db", "pe-fusion", trials.assign(**{RU.START_TIME: 0}), "f" * 32,
                      {R.TAG_SWEEP: "lr_batch_asha", R.TAG_COMMAND: "python sweeps/lr_batch_asha.py"})
@@ -241,7 +241,7 @@ def test_search_sweep_ranks_trials_and_stopped_is_not_failed(tmp_path):
                        tmp_path / "figures" / "search_parallel_coordinates.png"]
     # Percentages as a reader types them: 0.671 x 100 is 67.10000000000001 in floating point.
     with open(tmp_path / "search_trials.csv", newline="") as f:
-        assert next(csv.DictReader(f))[R.BEST_VAL_ACC] == "67.1"
+        assert next(csv.DictReader(f))[R.BEST_VAL_ACC + "_pct"] == "67.1"
     assert "no parameter importances: only lr varies among the 2 scored trials" in text
     assert "No epoch budget" in text  # neither a max_epochs param nor a parent run's budget
 
@@ -284,7 +284,7 @@ def test_table1_exact(trials):
 def test_table1_published_only_for_arxiv_and_renderings(trials):
     other = FT.table1(trials.assign(**{R.DATASET: "synthetic"}))
     assert "published_mean" not in other and list(other.columns) == list(FT.TABLE1_COLUMNS)
-    display = FT.table1_display(FT.table1(trials))
+    display = FT.table1_display(FT.table1(trials), digits=2)  # as the .md and .tex files print it
     markdown, latex = FM.to_markdown(display), FM.to_latex(display, "Table 1")
     assert "| sinusoidal | add | 3 |" in markdown and "59.22 ± 1.07" in markdown  # the paper beside ours, in %
     mean = np.mean([accuracy("sinusoidal", "add", s) * 100 for s in SEEDS])
@@ -319,7 +319,7 @@ def test_paired_deltas_exact_against_scipy(trials):
             assert row.t_pvalue == pytest.approx(stats.ttest_rel(a, b).pvalue, rel=1e-9)
             assert row.wilcoxon_pvalue == pytest.approx(stats.wilcoxon(a, b).pvalue, rel=1e-9)
             pairs = per_seed[(per_seed.pe_type == pe) & (per_seed.fusion == fu)]
-            assert list(pairs.seed) == seeds and pairs.delta.to_numpy() == pytest.approx(d, rel=1e-9)
+            assert list(pairs.seed) == seeds and pairs.delta_pp.to_numpy() == pytest.approx(d, rel=1e-9)
     with pytest.raises(RU.AnalysisError, match="baseline fusion 'ad' has no runs; fusions present: add, concat"):
         FT.paired_deltas(trials, baseline="ad")
 
@@ -390,14 +390,15 @@ def test_table1_and_paired_delta_scripts(store, tmp_path, capsys):
     argv = ["--tracking-uri", store["uri"], "--parent-run", store["parent"], "--out", str(tmp_path)]
     assert load_script("scripts/make_table1.py").main(argv) == 0
     csv = pd.read_csv(tmp_path / "table1_ccdv-arxiv-classification.csv")
-    assert list(csv.columns[:8]) == ["pe_type", "fusion", "n_seeds", "test_acc_mean", "test_acc_std",
+    assert list(csv.columns[:8]) == ["pe_type", "fusion", "n_seeds", "test_acc_mean_pct", "test_acc_std_pct",
                                      "params_mean", "lat_ms_mean", "lat_ms_std"]
     assert "59.22 ± 1.07" in (tmp_path / "table1_ccdv-arxiv-classification.md").read_text()
     assert (tmp_path / "table1_ccdv-arxiv-classification.tex").exists()
     assert load_script("scripts/paired_deltas.py").main(argv) == 0
     deltas = pd.read_csv(tmp_path / "paired_deltas_ccdv-arxiv-classification.csv")
-    assert list(deltas.columns[:10]) == ["pe_type", "fusion", "baseline", "n_pairs", "delta_mean", "delta_std",
-                                         "ci95_low", "ci95_high", "t_pvalue", "wilcoxon_pvalue"]
+    assert list(deltas.columns[:11]) == ["pe_type", "fusion", "baseline", "n_pairs", "delta_mean_pp",
+                                         "delta_std_pp", "ci95_low_pp", "ci95_high_pp", "t_pvalue", "wilcoxon_pvalue",
+                                         "wilcoxon_min_p"]
     for pe in PES:
         _assert_png(tmp_path / "figures" / f"paired_deltas_ccdv-arxiv-classification_{pe}.png")
     assert "wrote" in capsys.readouterr().out

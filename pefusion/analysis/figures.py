@@ -84,7 +84,7 @@ def paired_delta_figure(summary: pd.DataFrame, per_seed: pd.DataFrame, pe_type: 
     seeds = sorted(p["seed"].unique())
     for seed, color, dx in zip(seeds, _colors(len(seeds)), _offsets(len(seeds), 0.4)):
         pts = p[p["seed"] == seed]
-        ax.scatter([x[f] + dx for f in pts["fusion"]], pts["delta"], color=color, s=22, label=f"seed {seed}",
+        ax.scatter([x[f] + dx for f in pts["fusion"]], pts["delta" + FM.PP], color=color, s=22, label=f"seed {seed}",
                    zorder=2)
     low = np.nan_to_num((s["delta_mean"] - s["ci95_low"]).to_numpy(float))
     high = np.nan_to_num((s["ci95_high"] - s["delta_mean"]).to_numpy(float))
