@@ -454,3 +454,50 @@ def test_user_errors_exit_2_with_one_line(store, tmp_path):
     assert code == 2 and stderr == ("error: experiment 'empty' has no finished trial runs; run python "
                                     "sweeps/arxiv_grid.py --preset demo first (or python sweeps/lambda_cv.py "
                                     "--preset demo for the student study)\n")
+
+
+def test_analysis_csvs_read_back_rounded_with_units(trials, tmp_path):
+    """Every CSV the PE-fusion analysis writes, read back as text: accuracies in % under `_pct` headers and
+    deltas in points under `_pp`, 2 decimals at most, counts as integers; values against a computation here."""
+    from pefusion.analysis.report import write_paired_deltas, write_pefusion_summaries, write_table1
+
+    paths = write_table1(trials, tmp_path) + write_paired_deltas(trials, tmp_path, figures=False)
+    paths += write_pefusion_summaries(trials, tmp_path)
+    csvs = [p for p in paths if p.suffix == ".csv"]
+    assert len(csvs) == 5
+    for path in csvs:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        for name in rows[0]:
+            if "acc" in name or name.startswith(("delta", "ci95", "published")):
+                assert name.endswith(("_pct", "_pp")), (path.name, name)
+                cells = [r[name] for r in rows if r[name]]
+                assert all(len(c.partition(".")[2]) <= 2 for c in cells), (path.name, name, cells)
+            if name.startswith("n_") and name != "n_docs_mean":
+                assert all("." not in r[name] for r in rows), (path.name, name)
+    table = pd.read_csv(tmp_path / "table1_ccdv-arxiv-classification.csv").set_index(["pe_type", "fusion"])
+    acc = [accuracy("learned", "gate_scalar", s) * 100 for s in SEEDS]
+    assert table.loc[("learned", "gate_scalar"), "test_acc_mean_pct"] == round(float(np.mean(acc)), 2)
+    assert table.loc[("learned", "gate_scalar"), "test_acc_std_pct"] == round(float(np.std(acc, ddof=1)), 2)
+    per_seed = pd.read_csv(tmp_path / "paired_deltas_per_seed_ccdv-arxiv-classification.csv")
+    first = per_seed.iloc[0]
+    assert first.delta_pp == round((accuracy(first.pe_type, first.fusion, first.seed)
+                                    - accuracy(first.pe_type, "add", first.seed)) * 100, 2)
+
+
+def test_wilcoxon_min_p_and_the_report_says_three_pairs_cannot_reach_005(store, tmp_path):
+    for n in (3, 5, 6):  # every difference of one sign: the smallest p the exact test gives
+        assert FT.wilcoxon_min_p(n) == pytest.approx(stats.wilcoxon(np.arange(1, n + 1), np.zeros(n)).pvalue)
+    shown, note = FT.paired_display(FT.paired_deltas(FT.latest_ok_pefusion(RU.load_trial_runs(
+        store["uri"], "pe-fusion", store["parent"])))[0])
+    assert "cannot give a p-value below 0.25" in note
+    assert set(shown["Wilcoxon signed-rank p"]) >= {"not informative: ≥ 0.25 with 3 pairs"}
+    assert list(shown.columns[:5]) == ["PE", "fusion", "baseline", "seed pairs", "Δ accuracy (points), mean ± SD"]
+
+
+def test_length_bucket_table_in_table1_order_with_token_ranges(trials):
+    shown = FT.length_bucket_display(FT.length_bucket_summary(trials))
+    table = FT.table1(trials)
+    assert list(zip(shown.PE, shown.fusion)) == list(zip(table.pe_type, table.fusion))
+    assert list(shown.columns) == ["PE", "fusion", "≤ 512 tokens, test accuracy (%)",
+                                   "513–1024 tokens, test accuracy (%)", "> 1024 tokens, test accuracy (%)"]

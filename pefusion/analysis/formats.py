@@ -120,8 +120,9 @@ def with_units(frame: pd.DataFrame) -> pd.DataFrame:
 
 def csv_ready(frame: pd.DataFrame) -> pd.DataFrame:
     """The frame as a CSV for a paper: units in the headers (`with_units`), numbers rounded (percent and points
-    2 decimals, ms 3, seconds 2, p-values and the student's ε, m, θ to 2 and 5 significant figures), columns
-    whose values are all whole numbers as integers (epochs_run 8, not 8.0), Unix times as ISO 8601 UTC. Columns
+    2 decimals, ms 3, seconds 2, p-values and the student's ε, m, θ to 2 and 5 significant figures), counts and
+    other unitless columns whose values are all whole numbers as integers (epochs_run 8, not 8.0), Unix times as
+    ISO 8601 UTC. Columns
     that name configuration (lr, λ*, ...) keep their values exactly."""
     out = with_units(frame)
     for name in out.columns:
@@ -137,8 +138,7 @@ def csv_ready(frame: pd.DataFrame) -> pd.DataFrame:
         elif unit in SIGNIFICANT:
             column = column.map(lambda v, d=SIGNIFICANT[unit]: _significant(v, d))
         present = column.dropna()
-        if len(present) and unit not in ("p", "student") and (present == present.round()).all() \
-                and present.abs().max() < 2 ** 53:
+        if unit is None and len(present) and (present == present.round()).all() and present.abs().max() < 2 ** 53:
             column = column.astype("Int64")
         out[name] = column
     return out
@@ -191,6 +191,17 @@ def length_label(bucket: str) -> str:
     """'le512' -> '≤ 512 tokens', 'gt4096' -> '> 4096 tokens' (other labels as they are)."""
     match = re.fullmatch(r"(le|gt)(\d+)", bucket)
     return f"{'≤' if match[1] == 'le' else '>'} {match[2]} tokens" if match else bucket
+
+
+def length_labels(buckets: list[str]) -> list[str]:
+    """Labels of consecutive length buckets, shortest first, as ranges of tokens: ['le128', 'le512', 'gt512'] ->
+    ['≤ 128 tokens', '129–512 tokens', '> 512 tokens']."""
+    out, below = [], None
+    for bucket in buckets:
+        match = re.fullmatch(r"le(\d+)", bucket)
+        out.append(f"{below + 1}–{match[1]} tokens" if match and below is not None else length_label(bucket))
+        below = int(match[1]) if match else below
+    return out
 
 
 def number(value, unit: str | None) -> str:

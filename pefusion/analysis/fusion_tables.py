@@ -18,7 +18,7 @@ import pandas as pd
 from scipy import stats
 
 from pefusion import record as R
-from pefusion.analysis.formats import PCT, PP, display, format_mean_std, length_label
+from pefusion.analysis.formats import PCT, PP, display, format_mean_std, length_labels
 from pefusion.analysis.runs import (PEFUSION_IDENTITY, AnalysisError, column, failed, latest_ok,
                                     pefusion_runs, require_metrics)
 from pefusion.fusion.config import FUSIONS, PE_TYPES
@@ -301,8 +301,8 @@ def length_bucket_display(buckets: pd.DataFrame) -> pd.DataFrame:
     labels = list(dict.fromkeys(buckets["bucket"]))
     cells = list(dict.fromkeys(zip(buckets["pe_type"], buckets["fusion"])))  # Table 1's order (_cells)
     out = pd.DataFrame({"PE": [pe for pe, _ in cells], "fusion": [fu for _, fu in cells]})
-    for label in labels:
+    for label, words in zip(labels, length_labels(labels)):
         rows = buckets[buckets["bucket"] == label].set_index(["pe_type", "fusion"]).reindex(cells)
-        out[f"{length_label(label)}, test accuracy (%)"] = [
+        out[f"{words}, test accuracy (%)"] = [
             format_mean_std(m, s, 1) for m, s in zip(rows["test_acc_mean"], rows["test_acc_std"])]
     return out

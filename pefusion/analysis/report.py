@@ -22,7 +22,7 @@ from pefusion.analysis import runs as RU
 from pefusion.analysis import search as SE
 from pefusion.analysis import student_tables as ST
 from pefusion.student.theory import CACHE_ALPHA_C, CACHE_POINTS, Solver
-from pefusion.sweep.tracking import log_artifacts_to_run
+from pefusion.sweep.tracking import log_artifacts_to_run, ui_link
 
 Curve = Mapping[float, float]
 
@@ -176,6 +176,7 @@ td { max-width: 28em; overflow-wrap: anywhere; }
 code, pre { background: #f6f6f6; padding: 2px 4px; white-space: pre-wrap; word-break: break-all; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
 .note { color: #8a5a00; } .muted { color: #666; font-size: 0.9em; }
+table.meta td, table.meta th { text-align: left; vertical-align: top; max-width: none; }
 """
 
 
@@ -370,7 +371,13 @@ def _header(sweep: RU.Sweep) -> str:
         ("report written", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
     ]
     cells = "".join(f"<tr><th>{html.escape(k)}</th><td><code>{html.escape(str(v))}</code></td></tr>" for k, v in rows)
-    return f"<table>{cells}</table>"
+    if sweep.parent_run_id and sweep.experiment_id:
+        link = ui_link(sweep.tracking_uri, sweep.experiment_id, sweep.parent_run_id)
+        serve = "" if sweep.tracking_uri.startswith(("http://", "https://")) else (
+            f" (first <code>mlflow ui --backend-store-uri {html.escape(sweep.tracking_uri)}</code>)")
+        cells += (f"<tr><th>MLflow UI</th><td><a href='{html.escape(link)}'>the sweep's trial runs</a>{serve}"
+                  f"<br><code>{html.escape(link)}</code></td></tr>")
+    return f"<table class='meta'>{cells}</table>"
 
 
 def report_path(sweep: RU.Sweep, out: str | Path) -> Path:
