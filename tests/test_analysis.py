@@ -501,3 +501,20 @@ def test_length_bucket_table_in_table1_order_with_token_ranges(trials):
     assert list(zip(shown.PE, shown.fusion)) == list(zip(table.pe_type, table.fusion))
     assert list(shown.columns) == ["PE", "fusion", "≤ 512 tokens, test accuracy (%)",
                                    "513–1024 tokens, test accuracy (%)", "> 1024 tokens, test accuracy (%)"]
+
+
+def test_lambda_cv_phase_figure_labels_lambda_star_and_a_small_d_says_it_cannot_place_the_transition(store):
+    from pefusion.analysis import figures as F
+
+    student = ST.student_frame(RU.load_trial_runs(store["uri"], "student-attention", store["cv"]))
+    summary = ST.student_delta_summary(ST.student_deltas(student))
+    fig = F.phase_diagram_figure(summary, ALPHA_C, ALPHA_L, student=student)
+    ax = fig.axes[0]
+    labels = {round(t.xy[0], 6): t.get_text() for t in ax.texts}
+    assert labels == {a: f"sem {0.01 * (1 + a):g}\npos {0.01 * (1 + a):g}" for a in ALPHAS_CV}  # the runs' λ*
+    assert "α_c(ω), paper: d → ∞, λ = 0.01" in ax.get_legend_handles_labels()[1]
+    assert fig._supxlabel is not None and fig._supxlabel.get_text().startswith(
+        f"d = 100 (n = α·d = {min(ALPHAS_CV) * 100:.0f}–{max(ALPHAS_CV) * 100:.0f} samples), below the paper's "
+        f"d = 1000: too small to place the transition")
+    at_paper_d = F.phase_diagram_figure(summary.assign(**{R.D: 1000.0}), ALPHA_C, ALPHA_L)
+    assert at_paper_d._supxlabel is None and not at_paper_d.axes[0].texts  # no λ* without the student frame

@@ -320,11 +320,12 @@ def _lambda_star_labels(ax, grid: pd.DataFrame, student: pd.DataFrame) -> None:
         here = ok[np.isclose(ok[R.ALPHA], getattr(row, R.ALPHA)) & np.isclose(ok[R.OMEGA], getattr(row, R.OMEGA))]
         if here.empty:
             continue
-        text = "\n".join(f"{init[:3]} " + "/".join(f"{v:.0e}" for v in sorted(set(here.loc[here[R.INIT] == init,
-                                                                                           R.LAMBDA_STAR])))
+        text = "\n".join(f"{init[:3]} " + "/".join(f"{v:g}" for v in sorted(set(here.loc[here[R.INIT] == init,
+                                                                                         R.LAMBDA_STAR])))
                          for init in (ST.SEMANTIC, ST.POSITIONAL) if (here[R.INIT] == init).any())
         ax.annotate(text, (getattr(row, R.ALPHA), getattr(row, R.OMEGA)), xytext=(0, 9), textcoords="offset points",
-                    rotation=90, ha="center", va="bottom", fontsize=6, color="0.25")
+                    rotation=90, ha="center", va="bottom", fontsize=6, color="0.2",
+                    bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=0.5))
 
 
 def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = None,
@@ -369,7 +370,7 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
     cv = chosen_keys["source"] == ST.SOURCE_CV
     if cv and student is not None:
         _lambda_star_labels(ax, grid, student)
-        context += ", λ = λ* per point and initialisation (labels: sem/pos λ*)"
+        context += ")\nλ = λ* of each fit, as labelled (sem: semantic, pos: positional initialisation"
         ax.margins(y=0.35)  # room for the vertical labels
     ax.set_title(f"phase diagram: sign of Δε_t ({context})", fontsize=9)
     ax.legend(fontsize=7, loc="best")

@@ -180,6 +180,8 @@ THEORY_HEADER = ", d → ∞ theory"
 
 def header(name: str) -> str:
     """A column's header in words with its unit ('delta_pp' -> 'Δ accuracy (points)')."""
+    if name in HEADERS:
+        return HEADERS[name]
     if name.endswith("_theory"):
         return header(name[: -len("_theory")]) + THEORY_HEADER
     if name.startswith(R.LENGTH_METRIC_PREFIX) and name.endswith(PCT):

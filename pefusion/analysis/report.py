@@ -257,7 +257,7 @@ def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None, al
     delta_summary = ST.student_delta_summary(ST.student_deltas(student))
     published = "" if alpha_c else " (published α_c(ω) unavailable: pefusion.student has no ALPHA_C_PUBLISHED)"
     beside = "" if theory is None else (
-        f"<p class='muted'>Columns ending in _theory, and alpha_c_theory, are the d → ∞ prediction "
+        f"<p class='muted'>Columns marked d → ∞ theory are the prediction "
         f"(pefusion.student.theory, {theory.nodes} Gauss–Hermite nodes per axis) at each point's α, ω, σ and λ "
         f"(λ* for λ-CV runs): ε_t's is −Φ, θ's is |Q*ᵀQ|/d; dashed lines on the figures.</p>")
     summary = ST.student_summary(student)
@@ -303,7 +303,8 @@ def _search_sections(sweep: RU.Sweep, out: Path) -> tuple[list[str], list[Path]]
     written = [FM.write_csv(table, out / "search_trials.csv")]
     parts = ["<h2>Search trials, best first</h2>",
              _table_html(FM.display(table), "Accuracies in %; a trial stopped early by the scheduler has no test "
-                                            "accuracy (–) and is ranked by the epochs it ran.")]
+                                            "accuracy (–) and is ranked by the best validation accuracy of the "
+                                            "epochs it ran.")]
 
     space_file = tags.get(R.TAG_SEARCH_SPACE, "")
     points = SE.search_points(trials, SE.recorded_space(space_file), space_file)
