@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -169,9 +170,9 @@ _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1300px; padding: 0 1em; color: #222; }
 .table { max-width: 100%; overflow-x: auto; margin: 0.5em 0 1.5em; }
 table { border-collapse: collapse; font-size: 0.85em; }
-th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
+th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: left; }
+th.num, td.num { text-align: right; }
 th { background: #f3f3f3; vertical-align: bottom; max-width: 11em; }
-td:first-child, th:first-child { text-align: left; }
 td { max-width: 28em; overflow-wrap: anywhere; }
 code, pre { background: #f6f6f6; padding: 2px 4px; white-space: pre-wrap; word-break: break-all; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
@@ -186,7 +187,15 @@ def _table_html(shown: pd.DataFrame, caption: str = "") -> str:
     above = f"<p class='muted'>{html.escape(caption)}</p>" if caption else ""
     if shown.empty:
         return above + "<p class='muted'>(none)</p>"
-    return above + "<div class='table'>" + shown.to_html(index=False, border=0, na_rep="–", escape=True) + "</div>"
+    cells = shown.astype(str).replace({"nan": "–", "<NA>": "–", "None": "–"})
+    numeric = [bool(cells[c].map(lambda v: bool(_NUMERIC.match(v))).all()) for c in cells]  # right-aligned
+    head = "".join(f"<th class='{'num' if n else 'text'}'>{html.escape(str(c))}</th>" for c, n in zip(cells, numeric))
+    body = "".join("<tr>" + "".join(f"<td class='{'num' if n else 'text'}'>{html.escape(v)}</td>"
+                                    for v, n in zip(row, numeric)) + "</tr>" for row in cells.itertuples(index=False))
+    return above + f"<div class='table'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+
+
+_NUMERIC = re.compile(r"^(–|[-−+]?[\d.,]+(e[-+]?\d+)?( ± [\d.,e+-]+)?|\[[-\d., ]+\])$")
 
 
 def _image_html(png: Path, caption: str = "") -> str:
