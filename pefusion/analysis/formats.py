@@ -206,24 +206,22 @@ def length_labels(buckets: list[str]) -> list[str]:
     return out
 
 
+# How a cell of each unit is shown (see `_unit`); unitless numbers get 4 significant figures, large whole ones
+# thousands separators (parameter counts).
+SHOWN = {PCT: ".1f", PP: ".1f", "p": ".2g", "ms": ".3f", "s": ".1f", "share": ".3f", "alpha": ".3g",
+         "student": ".4g"}
+
+
 def number(value, unit: str | None) -> str:
     """One cell: '–' for no value; accuracies and points to 0.1, p-values to 2 significant figures, latency to
-    3 decimals, the student's ε to 4 significant figures, whole numbers without decimals."""
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+    3 decimals, the student's ε to 4 significant figures."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if isinstance(value, str) or isinstance(value, bool):
+    if isinstance(value, (str, bool)):
         return str(value)
     value = float(value)
-    if unit in (PCT, PP):
-        return f"{value:.1f}"
-    if unit == "p":
-        return f"{value:.2g}"
-    if unit == "ms":
-        return f"{value:.3f}"
-    if unit in ("s", "share", "alpha"):
-        return f"{value:.{1 if unit == 's' else 3}f}" if unit != "alpha" else f"{value:.3g}"
-    if unit == "student":
-        return f"{value:.4g}"
+    if unit in SHOWN:
+        return f"{value:{SHOWN[unit]}}"
     return f"{value:,.0f}" if value.is_integer() and abs(value) >= 1e4 else f"{value:.4g}"
 
 
