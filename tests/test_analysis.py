@@ -229,7 +229,7 @@ def test_search_sweep_ranks_trials_and_stopped_is_not_failed(tmp_path):
         R.ERROR: ["", "", "boom"], R.BEST_VAL_ACC: [0.6, 0.671, np.nan], R.TEST_ACC: [0.5, np.nan, np.nan]})
     table = SE.search_table(trials)
     assert list(table[RU.TRIAL_ID]) == ["b", "a", "c"] and "batch_size" not in table  # only what varies
-    assert table[R.BEST_VAL_ACC].iloc[0] == pytest.approx(67.1)
+    assert table[R.BEST_VAL_ACC].iloc[0] == pytest.approx(0.671)
     assert list(RU.failed(trials)[RU.TRIAL_ID]) == ["c"]
     sweep = RU.Sweep("sqlite:///unused.db", "pe-fusion", trials.assign(**{RU.START_TIME: 0}), "f" * 32,
                      {R.TAG_SWEEP: "lr_batch_asha", R.TAG_COMMAND: "python sweeps/lr_batch_asha.py"})
@@ -241,7 +241,7 @@ def test_search_sweep_ranks_trials_and_stopped_is_not_failed(tmp_path):
                        tmp_path / "figures" / "search_parallel_coordinates.png"]
     # Percentages as a reader types them: 0.671 x 100 is 67.10000000000001 in floating point.
     with open(tmp_path / "search_trials.csv", newline="") as f:
-        assert next(csv.DictReader(f))[R.BEST_VAL_ACC] == "67.1"
+        assert next(csv.DictReader(f))[R.BEST_VAL_ACC + "_pct"] == "67.1"
     assert "no parameter importances: only lr varies among the 2 scored trials" in text
     assert "No epoch budget" in text  # neither a max_epochs param nor a parent run's budget
 
@@ -284,7 +284,7 @@ def test_table1_exact(trials):
 def test_table1_published_only_for_arxiv_and_renderings(trials):
     other = FT.table1(trials.assign(**{R.DATASET: "synthetic"}))
     assert "published_mean" not in other and list(other.columns) == list(FT.TABLE1_COLUMNS)
-    display = FT.table1_display(FT.table1(trials))
+    display = FT.table1_display(FT.table1(trials), digits=2)  # as the .md and .tex files print it
     markdown, latex = FM.to_markdown(display), FM.to_latex(display, "Table 1")
     assert "| sinusoidal | add | 3 |" in markdown and "59.22 ± 1.07" in markdown  # the paper beside ours, in %
     mean = np.mean([accuracy("sinusoidal", "add", s) * 100 for s in SEEDS])
@@ -319,7 +319,7 @@ def test_paired_deltas_exact_against_scipy(trials):
             assert row.t_pvalue == pytest.approx(stats.ttest_rel(a, b).pvalue, rel=1e-9)
             assert row.wilcoxon_pvalue == pytest.approx(stats.wilcoxon(a, b).pvalue, rel=1e-9)
             pairs = per_seed[(per_seed.pe_type == pe) & (per_seed.fusion == fu)]
-            assert list(pairs.seed) == seeds and pairs.delta.to_numpy() == pytest.approx(d, rel=1e-9)
+            assert list(pairs.seed) == seeds and pairs.delta_pp.to_numpy() == pytest.approx(d, rel=1e-9)
     with pytest.raises(RU.AnalysisError, match="baseline fusion 'ad' has no runs; fusions present: add, concat"):
         FT.paired_deltas(trials, baseline="ad")
 
@@ -390,14 +390,15 @@ def test_table1_and_paired_delta_scripts(store, tmp_path, capsys):
     argv = ["--tracking-uri", store["uri"], "--parent-run", store["parent"], "--out", str(tmp_path)]
     assert load_script("scripts/make_table1.py").main(argv) == 0
     csv = pd.read_csv(tmp_path / "table1_ccdv-arxiv-classification.csv")
-    assert list(csv.columns[:8]) == ["pe_type", "fusion", "n_seeds", "test_acc_mean", "test_acc_std",
+    assert list(csv.columns[:8]) == ["pe_type", "fusion", "n_seeds", "test_acc_mean_pct", "test_acc_std_pct",
                                      "params_mean", "lat_ms_mean", "lat_ms_std"]
     assert "59.22 ± 1.07" in (tmp_path / "table1_ccdv-arxiv-classification.md").read_text()
     assert (tmp_path / "table1_ccdv-arxiv-classification.tex").exists()
     assert load_script("scripts/paired_deltas.py").main(argv) == 0
     deltas = pd.read_csv(tmp_path / "paired_deltas_ccdv-arxiv-classification.csv")
-    assert list(deltas.columns[:10]) == ["pe_type", "fusion", "baseline", "n_pairs", "delta_mean", "delta_std",
-                                         "ci95_low", "ci95_high", "t_pvalue", "wilcoxon_pvalue"]
+    assert list(deltas.columns[:11]) == ["pe_type", "fusion", "baseline", "n_pairs", "delta_mean_pp",
+                                         "delta_std_pp", "ci95_low_pp", "ci95_high_pp", "t_pvalue", "wilcoxon_pvalue",
+                                         "wilcoxon_min_p"]
     for pe in PES:
         _assert_png(tmp_path / "figures" / f"paired_deltas_ccdv-arxiv-classification_{pe}.png")
     assert "wrote" in capsys.readouterr().out
@@ -453,3 +454,67 @@ def test_user_errors_exit_2_with_one_line(store, tmp_path):
     assert code == 2 and stderr == ("error: experiment 'empty' has no finished trial runs; run python "
                                     "sweeps/arxiv_grid.py --preset demo first (or python sweeps/lambda_cv.py "
                                     "--preset demo for the student study)\n")
+
+
+def test_analysis_csvs_read_back_rounded_with_units(trials, tmp_path):
+    """Every CSV the PE-fusion analysis writes, read back as text: accuracies in % under `_pct` headers and
+    deltas in points under `_pp`, 2 decimals at most, counts as integers; values against a computation here."""
+    from pefusion.analysis.report import write_paired_deltas, write_pefusion_summaries, write_table1
+
+    paths = write_table1(trials, tmp_path) + write_paired_deltas(trials, tmp_path, figures=False)
+    paths += write_pefusion_summaries(trials, tmp_path)
+    csvs = [p for p in paths if p.suffix == ".csv"]
+    assert len(csvs) == 5
+    for path in csvs:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        for name in rows[0]:
+            if "acc" in name or name.startswith(("delta", "ci95", "published")):
+                assert name.endswith(("_pct", "_pp")), (path.name, name)
+                cells = [r[name] for r in rows if r[name]]
+                assert all(len(c.partition(".")[2]) <= 2 for c in cells), (path.name, name, cells)
+            if name.startswith("n_") and name != "n_docs_mean":
+                assert all("." not in r[name] for r in rows), (path.name, name)
+    table = pd.read_csv(tmp_path / "table1_ccdv-arxiv-classification.csv").set_index(["pe_type", "fusion"])
+    acc = [accuracy("learned", "gate_scalar", s) * 100 for s in SEEDS]
+    assert table.loc[("learned", "gate_scalar"), "test_acc_mean_pct"] == round(float(np.mean(acc)), 2)
+    assert table.loc[("learned", "gate_scalar"), "test_acc_std_pct"] == round(float(np.std(acc, ddof=1)), 2)
+    per_seed = pd.read_csv(tmp_path / "paired_deltas_per_seed_ccdv-arxiv-classification.csv")
+    first = per_seed.iloc[0]
+    assert first.delta_pp == round((accuracy(first.pe_type, first.fusion, first.seed)
+                                    - accuracy(first.pe_type, "add", first.seed)) * 100, 2)
+
+
+def test_wilcoxon_min_p_and_the_report_says_three_pairs_cannot_reach_005(store, tmp_path):
+    for n in (3, 5, 6):  # every difference of one sign: the smallest p the exact test gives
+        assert FT.wilcoxon_min_p(n) == pytest.approx(stats.wilcoxon(np.arange(1, n + 1), np.zeros(n)).pvalue)
+    shown, note = FT.paired_display(FT.paired_deltas(FT.latest_ok_pefusion(RU.load_trial_runs(
+        store["uri"], "pe-fusion", store["parent"])))[0])
+    assert "cannot give a p-value below 0.25" in note
+    assert set(shown["Wilcoxon signed-rank p"]) >= {"not informative: ≥ 0.25 with 3 pairs"}
+    assert list(shown.columns[:5]) == ["PE", "fusion", "baseline", "seed pairs", "Δ accuracy (points), mean ± SD"]
+
+
+def test_length_bucket_table_in_table1_order_with_token_ranges(trials):
+    shown = FT.length_bucket_display(FT.length_bucket_summary(trials))
+    table = FT.table1(trials)
+    assert list(zip(shown.PE, shown.fusion)) == list(zip(table.pe_type, table.fusion))
+    assert list(shown.columns) == ["PE", "fusion", "≤ 512 tokens, test accuracy (%)",
+                                   "513–1024 tokens, test accuracy (%)", "> 1024 tokens, test accuracy (%)"]
+
+
+def test_lambda_cv_phase_figure_labels_lambda_star_and_a_small_d_says_it_cannot_place_the_transition(store):
+    from pefusion.analysis import figures as F
+
+    student = ST.student_frame(RU.load_trial_runs(store["uri"], "student-attention", store["cv"]))
+    summary = ST.student_delta_summary(ST.student_deltas(student))
+    fig = F.phase_diagram_figure(summary, ALPHA_C, ALPHA_L, student=student)
+    ax = fig.axes[0]
+    labels = {round(t.xy[0], 6): t.get_text() for t in ax.texts}
+    assert labels == {a: f"sem {0.01 * (1 + a):g}\npos {0.01 * (1 + a):g}" for a in ALPHAS_CV}  # the runs' λ*
+    assert "α_c(ω), paper: d → ∞, λ = 0.01" in ax.get_legend_handles_labels()[1]
+    assert fig._supxlabel is not None and fig._supxlabel.get_text().startswith(
+        f"d = 100 (n = α·d = {min(ALPHAS_CV) * 100:.0f}–{max(ALPHAS_CV) * 100:.0f} samples), below the paper's "
+        f"d = 1000: too small to place the transition")
+    at_paper_d = F.phase_diagram_figure(summary.assign(**{R.D: 1000.0}), ALPHA_C, ALPHA_L)
+    assert at_paper_d._supxlabel is None and not at_paper_d.axes[0].texts  # no λ* without the student frame

@@ -84,7 +84,7 @@ def paired_delta_figure(summary: pd.DataFrame, per_seed: pd.DataFrame, pe_type: 
     seeds = sorted(p["seed"].unique())
     for seed, color, dx in zip(seeds, _colors(len(seeds)), _offsets(len(seeds), 0.4)):
         pts = p[p["seed"] == seed]
-        ax.scatter([x[f] + dx for f in pts["fusion"]], pts["delta"], color=color, s=22, label=f"seed {seed}",
+        ax.scatter([x[f] + dx for f in pts["fusion"]], pts["delta" + FM.PP], color=color, s=22, label=f"seed {seed}",
                    zorder=2)
     low = np.nan_to_num((s["delta_mean"] - s["ci95_low"]).to_numpy(float))
     high = np.nan_to_num((s["ci95_high"] - s["delta_mean"]).to_numpy(float))
@@ -195,7 +195,25 @@ def _alpha_lines(ax, omega_colors: Mapping[float, tuple], alpha_c: Curve | None,
             value = ST.interpolate_curve(curve, omega) if curve else math.nan
             if not math.isnan(value):  # thin, so that the dashed theory curves stay distinguishable
                 ax.axvline(value, color=color, ls=style, lw=0.8, alpha=0.7,
-                           label=f"{name}(ω={omega:g}) = {value:.3g} (paper)")
+                           label=f"{name}(ω={omega:g}) = {value:.3g} (paper, d → ∞, λ = {_PAPER[R.LAMBDA]:g})")
+
+
+_PAPER = ST.published_setting()
+
+
+def _size_warning(fig: Figure, frame: pd.DataFrame) -> None:
+    """A line under a figure whose points were fitted at a smaller d than the paper's: at that size the
+    sign of Δε_t near the crossing is noise (it can alternate along α), so the figure cannot place the
+    transition; it says so, with d and the training samples n = α·d."""
+    ds = frame[R.D].dropna() if R.D in frame else pd.Series(dtype=float)
+    if ds.empty or ds.max() >= _PAPER[R.D]:
+        return
+    d = int(ds.max())
+    alphas = frame[R.ALPHA].dropna()
+    samples = f"n = α·d = {alphas.min() * d:.0f}–{alphas.max() * d:.0f} samples" if len(alphas) else ""
+    fig.supxlabel(f"d = {d} ({samples}), below the paper's d = {_PAPER[R.D]}: too small to place the "
+                  f"transition\n(finite-size noise can flip the sign of Δε_t near α_c)", fontsize=7,
+                  color="tab:red")  # a figure-level label: constrained layout makes room for it
 
 
 def student_delta_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = None,
@@ -221,6 +239,7 @@ def student_delta_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
         ax.legend(fontsize=7)
     axes[0, 0].set_title("training loss difference", fontsize=10)
     axes[0, 1].set_title("test error difference", fontsize=10)
+    _size_warning(fig, delta_summary)
     return fig
 
 
@@ -292,11 +311,31 @@ def lambda_star_figure(summary: pd.DataFrame) -> Figure | None:
     return fig
 
 
+def _lambda_star_labels(ax, grid: pd.DataFrame, student: pd.DataFrame) -> None:
+    """Beside each point of a λ-CV phase figure, the λ* each initialisation chose there (one value per seed,
+    distinct values joined by '/'): its two fits are at these λ, not at the published α_c's λ = 0.01."""
+    ok = ST.student_ok(student)
+    ok = ok[(ok["source"] == ST.SOURCE_CV) & ok[R.LAMBDA_STAR].notna()]
+    for row in grid.itertuples():
+        here = ok[np.isclose(ok[R.ALPHA], getattr(row, R.ALPHA)) & np.isclose(ok[R.OMEGA], getattr(row, R.OMEGA))]
+        if here.empty:
+            continue
+        text = "\n".join(f"{init[:3]} " + "/".join(f"{v:g}" for v in sorted(set(here.loc[here[R.INIT] == init,
+                                                                                         R.LAMBDA_STAR])))
+                         for init in (ST.SEMANTIC, ST.POSITIONAL) if (here[R.INIT] == init).any())
+        ax.annotate(text, (getattr(row, R.ALPHA), getattr(row, R.OMEGA)), xytext=(0, 9), textcoords="offset points",
+                    rotation=90, ha="center", va="bottom", fontsize=6, color="0.2",
+                    bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=0.5))
+
+
 def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = None,
-                         alpha_l: Curve | None = None, theory: pd.DataFrame | None = None) -> Figure:
+                         alpha_l: Curve | None = None, theory: pd.DataFrame | None = None,
+                         student: pd.DataFrame | None = None) -> Figure:
     """Sign of the mean Δε_t over (α, ω): which solution reaches the lower training loss, with the published
-    α_c(ω) (and α_l(ω)) curves and, given `theory` (student_tables.theory_alpha_c), the d → ∞ α_c(ω) at the
-    slice's σ and λ. Uses the (source, σ, d, λ) slice with the most grid points."""
+    α_c(ω) (and α_l(ω)) curves (the paper's d → ∞ values at λ = 0.01) and, given `theory`
+    (student_tables.theory_alpha_c), the d → ∞ α_c(ω) at the slice's σ and λ. Uses the (source, σ, d, λ) slice
+    with the most grid points. For λ-CV points, given the long `student` frame, each point is labelled with the
+    λ* of its semantic and positional fits. Below the paper's d the figure says it cannot place the transition."""
     keys = ["source", R.SIGMA, R.D, ST.LAM_FIXED]
     sizes = delta_summary.groupby(keys, dropna=False).size()
     chosen = sizes.idxmax()
@@ -310,7 +349,9 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
         pts = grid[grid["lower_train_loss"] == side]
         if len(pts):
             ax.scatter(pts[R.ALPHA], pts[R.OMEGA], c=color, marker="s", s=60, label=text)
-    for curve, style, name in ((alpha_c, "k-", "α_c(ω), paper"), (alpha_l, "k:", "α_l(ω), paper")):
+    lam = f"λ = {_PAPER[R.LAMBDA]:g}"
+    for curve, style, name in ((alpha_c, "k-", f"α_c(ω), paper: d → ∞, {lam}"),
+                               (alpha_l, "k:", f"α_l(ω), paper: d → ∞, {lam}")):
         if curve:
             omegas = sorted(curve)
             ax.plot([curve[o] for o in omegas], omegas, style, lw=1.5, label=name)
@@ -326,8 +367,14 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
     ax.set_ylabel("ω (weight of the positional teacher)")
     context = ", ".join(f"{_SYMBOL.get(k, k)}={v:g}" if isinstance(v, float) else str(v)
                         for k, v in zip(keys, chosen) if not pd.isna(v))
-    ax.set_title(f"phase diagram: sign of Δε_t ({context})", fontsize=10)
+    cv = chosen_keys["source"] == ST.SOURCE_CV
+    if cv and student is not None:
+        _lambda_star_labels(ax, grid, student)
+        context += ")\nλ = λ* of each fit, as labelled (sem: semantic, pos: positional initialisation"
+        ax.margins(y=0.35)  # room for the vertical labels
+    ax.set_title(f"phase diagram: sign of Δε_t ({context})", fontsize=9)
     ax.legend(fontsize=7, loc="best")
+    _size_warning(fig, grid)
     return fig
 
 
@@ -340,8 +387,8 @@ def student_figures(student: pd.DataFrame, out_dir: str | Path, alpha_c: Curve |
     delta_summary = ST.student_delta_summary(ST.student_deltas(student))
     if len(delta_summary):
         paths.append(save_figure(student_delta_figure(delta_summary, alpha_c, alpha_l), out_dir, "student_deltas"))
-        paths.append(save_figure(phase_diagram_figure(delta_summary, alpha_c, alpha_l, theory_alpha_c), out_dir,
-                                 "student_phase_diagram"))
+        paths.append(save_figure(phase_diagram_figure(delta_summary, alpha_c, alpha_l, theory_alpha_c, student),
+                                 out_dir, "student_phase_diagram"))
     if len(summary):
         paths.append(save_figure(student_order_figure(summary), out_dir, "student_order_parameters"))
     lam_fig = lambda_star_figure(summary) if len(summary) else None

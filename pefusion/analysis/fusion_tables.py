@@ -18,7 +18,7 @@ import pandas as pd
 from scipy import stats
 
 from pefusion import record as R
-from pefusion.analysis.formats import format_mean_std
+from pefusion.analysis.formats import PCT, PP, display, format_mean_std, length_labels
 from pefusion.analysis.runs import (PEFUSION_IDENTITY, AnalysisError, column, failed, latest_ok,
                                     pefusion_runs, require_metrics)
 from pefusion.fusion.config import FUSIONS, PE_TYPES
@@ -125,18 +125,19 @@ def table1(runs: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def table1_display(table: pd.DataFrame) -> pd.DataFrame:
-    """Table 1 as strings for reading: 'mean ± std' cells, published values beside ours (both in %)."""
+def table1_display(table: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
+    """Table 1 as strings for reading: 'mean ± SD' cells, published values beside ours (both in %, to `digits`
+    decimals: 2 as the paper prints them in .md/.tex, 1 in the HTML report and on the console)."""
     def pm(prefix: str, digits: int = 2) -> list[str]:
         return [format_mean_std(m, s, digits) for m, s in zip(table[f"{prefix}_mean"], table[f"{prefix}_std"])]
 
     out = pd.DataFrame({"PE": table.pe_type, "fusion": table.fusion, "seeds": table.n_seeds.astype(str),
-                        "test acc % (ours)": pm("test_acc")})
+                        "test accuracy (%), mean ± SD": pm("test_acc", digits)})
     if "published_mean" in table:
-        out["test acc % (paper)"] = pm("published")
-    out["params"] = ["–" if pd.isna(p) else f"{p:,.0f}" for p in table.params_mean]
-    out["latency ms/sample"] = pm("lat_ms", 3)
-    out["failed"] = table.n_failed.astype(str)
+        out["test accuracy, paper (%)"] = pm("published", 2)
+    out["parameters"] = ["–" if pd.isna(p) else f"{p:,.0f}" for p in table.params_mean]
+    out["latency (ms / sample)"] = pm("lat_ms", 3)
+    out["failed runs"] = table.n_failed.astype(str)
     return out
 
 
@@ -145,7 +146,16 @@ def table1_display(table: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------------------------
 
 PAIRED_COLUMNS = ("pe_type", "fusion", "baseline", "n_pairs", "delta_mean", "delta_std", "ci95_low", "ci95_high",
-                  "t_pvalue", "wilcoxon_pvalue", "n_unpaired", "note")
+                  "t_pvalue", "wilcoxon_pvalue", "wilcoxon_min_p", "n_unpaired", "note")
+# Per-seed pairs, in the units their headers name (percent, percentage points).
+PER_SEED_COLUMNS = ("pe_type", "fusion", "baseline", "seed", "test_acc" + PCT, "test_acc_baseline" + PCT,
+                    "delta" + PP)
+
+
+def wilcoxon_min_p(n_pairs: int) -> float:
+    """The smallest two-sided p-value the exact Wilcoxon signed-rank test can give for n pairs: every
+    difference of one sign, probability 2 · 2⁻ⁿ (0.25 for 3 seeds, 0.0625 for 5; below 0.05 from 6 pairs)."""
+    return 2.0 ** (1 - n_pairs) if n_pairs >= 1 else math.nan
 
 
 def paired_stats(acc: Sequence[float], acc_baseline: Sequence[float]) -> dict[str, Any]:
@@ -159,7 +169,7 @@ def paired_stats(acc: Sequence[float], acc_baseline: Sequence[float]) -> dict[st
     n = len(delta)
     out = {"n_pairs": n, "delta_mean": delta.mean() if n else math.nan, "delta_std": math.nan,
            "ci95_low": math.nan, "ci95_high": math.nan, "t_pvalue": math.nan, "wilcoxon_pvalue": math.nan,
-           "note": ""}
+           "wilcoxon_min_p": wilcoxon_min_p(n), "note": ""}
     if n < 2:
         out["note"] = "no seed on both sides" if n == 0 else "one pair: no spread, no test"
         return out
@@ -207,12 +217,27 @@ def paired_deltas(runs: pd.DataFrame, baseline: str = "add") -> tuple[pd.DataFra
             result["note"] = f"no ok {baseline!r} runs for this PE"
         rows.append({"pe_type": pe, "fusion": fu, "baseline": baseline, **result,
                      "n_unpaired": len(set(base.index) ^ set(other.index))})
-        per_seed += [{"pe_type": pe, "fusion": fu, "baseline": baseline, "seed": s, "test_acc": other[s],
-                      "test_acc_baseline": base[s], "delta": other[s] - base[s]} for s in seeds]
+        per_seed += [dict(zip(PER_SEED_COLUMNS, (pe, fu, baseline, s, other[s], base[s], other[s] - base[s])))
+                     for s in seeds]
     summary = pd.DataFrame(rows, columns=list(PAIRED_COLUMNS))
-    per_seed_frame = pd.DataFrame(per_seed, columns=["pe_type", "fusion", "baseline", "seed", "test_acc",
-                                                     "test_acc_baseline", "delta"])
-    return summary, per_seed_frame
+    return summary, pd.DataFrame(per_seed, columns=list(PER_SEED_COLUMNS))
+
+
+def paired_display(summary: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The paired-delta summary for reading, and a note for the rows whose Wilcoxon test cannot reach p < 0.05
+    with their number of pairs (their cell says so instead of a p-value that carries no information)."""
+    shown = display(summary, drop=("wilcoxon_min_p",))
+    blind = summary["wilcoxon_min_p"] > 0.05
+    column = "Wilcoxon signed-rank p"
+    shown[column] = [f"not informative: ≥ {m:.2g} with {n} pairs" if b else cell
+                     for cell, m, n, b in zip(shown[column], summary["wilcoxon_min_p"], summary["n_pairs"], blind)]
+    if not blind.any():
+        return shown, ""
+    ns = ", ".join(str(n) for n in sorted(set(summary.loc[blind, "n_pairs"])))
+    return shown, (f"With {ns} seed pairs the exact Wilcoxon signed-rank test cannot give a p-value below "
+                   f"{summary.loc[blind, 'wilcoxon_min_p'].min():.2g} (every difference of one sign has "
+                   f"probability 2 · 2⁻ⁿ), so it cannot reach 0.05: those cells say so; it needs at least 6 "
+                   f"pairs. The paired t-test and the 95 % CI still use the data.")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -268,3 +293,16 @@ def length_bucket_summary(runs: pd.DataFrame) -> pd.DataFrame:
                          "n_docs_mean": docs.mean() if docs.notna().any() else math.nan})
     return pd.DataFrame(rows, columns=["pe_type", "fusion", "bucket", "n_seeds", "test_acc_mean", "test_acc_std",
                                        "n_docs_mean"])
+
+
+def length_bucket_display(buckets: pd.DataFrame) -> pd.DataFrame:
+    """The length-bucket summary for reading: one row per (PE, fusion) in Table 1's order, one 'mean ± SD'
+    column per bucket, shortest first, headed by its length in tokens."""
+    labels = list(dict.fromkeys(buckets["bucket"]))
+    cells = list(dict.fromkeys(zip(buckets["pe_type"], buckets["fusion"])))  # Table 1's order (_cells)
+    out = pd.DataFrame({"PE": [pe for pe, _ in cells], "fusion": [fu for _, fu in cells]})
+    for label, words in zip(labels, length_labels(labels)):
+        rows = buckets[buckets["bucket"] == label].set_index(["pe_type", "fusion"]).reindex(cells)
+        out[f"{words}, test accuracy (%)"] = [
+            format_mean_std(m, s, 1) for m, s in zip(rows["test_acc_mean"], rows["test_acc_std"])]
+    return out

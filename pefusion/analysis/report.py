@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
-import math
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -23,7 +23,7 @@ from pefusion.analysis import runs as RU
 from pefusion.analysis import search as SE
 from pefusion.analysis import student_tables as ST
 from pefusion.student.theory import CACHE_ALPHA_C, CACHE_POINTS, Solver
-from pefusion.sweep.tracking import log_artifacts_to_run
+from pefusion.sweep.tracking import log_artifacts_to_run, ui_link
 
 Curve = Mapping[float, float]
 
@@ -43,7 +43,10 @@ def notes(sweep: RU.Sweep) -> list[str]:
         student = ST.student_frame(trials)
         superseded += int((student[R.STATUS] == R.STATUS_OK).sum()) - len(ST.student_ok(student))
     n_stopped = int((trials[R.STATUS] == R.STATUS_STOPPED).sum())
-    if n_stopped:
+    if n_stopped and is_search(sweep):
+        out.append(f"{n_stopped} trials were stopped early by the scheduler: they have no test metrics and are "
+                   f"scored by the best validation accuracy of the epochs they ran")
+    elif n_stopped:
         out.append(f"{n_stopped} trials were stopped early by the scheduler: they have no test metrics and are "
                    f"left out of the test-accuracy tables")
     if superseded:
@@ -52,12 +55,6 @@ def notes(sweep: RU.Sweep) -> list[str]:
     if sweep.n_unfinished:
         out.append(f"{sweep.n_unfinished} trial runs are still running and are left out")
     return out
-
-
-def _write_csv(frame: pd.DataFrame, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(path, index=False)
-    return path
 
 
 def _per_dataset(trials: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -69,12 +66,12 @@ def _per_dataset(trials: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 
 def write_table1(trials: pd.DataFrame, out: str | Path) -> list[Path]:
-    """table1_<dataset>.csv (accuracies in %), .md and .tex for each dataset of the PE-fusion runs."""
+    """table1_<dataset>.csv (accuracies in %, `_pct` headers), .md and .tex for each dataset of the PE-fusion runs."""
     out, paths = Path(out), []
     for dataset, runs in _per_dataset(trials):
         slug, table = FM.dataset_slug(dataset), FT.table1(runs)
-        display = FT.table1_display(table)
-        paths.append(_write_csv(table, out / f"table1_{slug}.csv"))
+        paths.append(FM.write_csv(table, out / f"table1_{slug}.csv"))
+        display = FT.table1_display(table, digits=2)  # the paper's Table 3 prints 2 decimals
         (out / f"table1_{slug}.md").write_text(f"Test accuracy (%), mean ± sample std over seeds — {dataset}\n\n"
                                                 + FM.to_markdown(display))
         (out / f"table1_{slug}.tex").write_text(FM.to_latex(
@@ -91,8 +88,8 @@ def write_paired_deltas(trials: pd.DataFrame, out: str | Path, baseline: str = "
     for dataset, runs in _per_dataset(trials):
         slug = FM.dataset_slug(dataset)
         summary, per_seed = FT.paired_deltas(runs, baseline)
-        paths.append(_write_csv(summary, out / f"paired_deltas_{slug}.csv"))
-        paths.append(_write_csv(per_seed, out / f"paired_deltas_per_seed_{slug}.csv"))
+        paths.append(FM.write_csv(summary, out / f"paired_deltas_{slug}.csv"))
+        paths.append(FM.write_csv(per_seed, out / f"paired_deltas_per_seed_{slug}.csv"))
         for pe in dict.fromkeys(summary["pe_type"]) if figures else ():
             paths.append(F.save_figure(F.paired_delta_figure(summary, per_seed, pe, dataset), out / "figures",
                                        f"paired_deltas_{slug}_{FM.dataset_slug(pe)}"))
@@ -104,10 +101,10 @@ def write_pefusion_summaries(trials: pd.DataFrame, out: str | Path) -> list[Path
     out, paths = Path(out), []
     for dataset, runs in _per_dataset(trials):
         slug = FM.dataset_slug(dataset)
-        paths.append(_write_csv(FT.fusion_summary(runs), out / f"fusion_summary_{slug}.csv"))
+        paths.append(FM.write_csv(FT.fusion_summary(runs), out / f"fusion_summary_{slug}.csv"))
         buckets = FT.length_bucket_summary(runs)
         if len(buckets):
-            paths.append(_write_csv(buckets, out / f"length_buckets_{slug}.csv"))
+            paths.append(FM.write_csv(buckets, out / f"length_buckets_{slug}.csv"))
     return paths
 
 
@@ -145,7 +142,7 @@ def _student_tables(student: pd.DataFrame, alpha_c_theory: pd.DataFrame | None, 
     tables = {"student_runs": student, "student_summary": ST.student_summary(student), "student_deltas": deltas,
               "student_delta_summary": delta_summary,
               "student_alpha_c": ST.crossing_alphas(delta_summary, alpha_c, alpha_c_theory)}
-    return [_write_csv(frame, out / f"{name}.csv") for name, frame in tables.items()] + theory_files(out)
+    return [FM.write_csv(frame, out / f"{name}.csv") for name, frame in tables.items()] + theory_files(out)
 
 
 def write_figures(trials: pd.DataFrame, out: str | Path, baseline: str = "add", alpha_c: Curve | None = None,
@@ -170,26 +167,35 @@ def write_figures(trials: pd.DataFrame, out: str | Path, baseline: str = "add", 
 # ---------------------------------------------------------------------------------------------------------
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
-th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1300px; padding: 0 1em; color: #222; }
+.table { max-width: 100%; overflow-x: auto; margin: 0.5em 0 1.5em; }
+table { border-collapse: collapse; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: left; }
+th.num, td.num { text-align: right; }
+th { background: #f3f3f3; vertical-align: bottom; max-width: 11em; }
+td { max-width: 28em; overflow-wrap: anywhere; }
 code, pre { background: #f6f6f6; padding: 2px 4px; white-space: pre-wrap; word-break: break-all; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
 .note { color: #8a5a00; } .muted { color: #666; font-size: 0.9em; }
+table.meta td, table.meta th { text-align: left; vertical-align: top; max-width: none; }
 """
 
 
-def _number(value: float) -> str:
-    if isinstance(value, float) and math.isnan(value):
-        return "–"
-    return f"{value:.4g}"
+def _table_html(shown: pd.DataFrame, caption: str = "") -> str:
+    """A table for reading (a frame of strings, formats.display or a study's *_display), in a box that scrolls
+    sideways on a narrow window instead of running off the page, with a one-line caption above it."""
+    above = f"<p class='muted'>{html.escape(caption)}</p>" if caption else ""
+    if shown.empty:
+        return above + "<p class='muted'>(none)</p>"
+    cells = shown.astype(str).replace({"nan": "–", "<NA>": "–", "None": "–"})
+    numeric = [bool(cells[c].map(lambda v: bool(_NUMERIC.match(v))).all()) for c in cells]  # right-aligned
+    head = "".join(f"<th class='{'num' if n else 'text'}'>{html.escape(str(c))}</th>" for c, n in zip(cells, numeric))
+    body = "".join("<tr>" + "".join(f"<td class='{'num' if n else 'text'}'>{html.escape(v)}</td>"
+                                    for v, n in zip(row, numeric)) + "</tr>" for row in cells.itertuples(index=False))
+    return above + f"<div class='table'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
-def _table_html(frame: pd.DataFrame) -> str:
-    if frame.empty:
-        return "<p class='muted'>(none)</p>"
-    return frame.to_html(index=False, border=0, na_rep="–", float_format=_number, escape=True)
+_NUMERIC = re.compile(r"^(–|[-−+]?[\d.,]+(e[-+]?\d+)?( ± [\d.,e+-]+)?|\[[-\d., ]+\])$")
 
 
 def _image_html(png: Path, caption: str = "") -> str:
@@ -225,26 +231,29 @@ def _pefusion_sections(trials: pd.DataFrame, out: Path, baseline: str) -> tuple[
         summary, _ = FT.paired_deltas(runs, baseline)
         buckets = FT.length_bucket_summary(runs)
         parts.append(f"<h2>Dataset {html.escape(dataset)}</h2>")
-        paper = " The paper's Table 3 values stand beside ours." if "published_mean" in table else ""
-        parts.append("<h3>Table 1</h3><p class='muted'>Test accuracy in %, mean ± sample standard deviation "
-                     f"(ddof=1) over seeds; latency in ms per sample (mean ± std over seeds).{paper}</p>")
-        parts.append(_table_html(FT.table1_display(table)))
-        parts.append(f"<h3>Paired-seed Δ accuracy against {html.escape(baseline)}</h3><p class='muted'>Δ in "
-                     "percentage points, seeds matched on both sides (n_unpaired: seeds left out); 95% t interval, "
-                     "paired t-test and Wilcoxon signed-rank p-values.</p>")
-        parts.append(_table_html(summary))
+        paper = " The paper's Table 3 (2 decimals, as published) stands beside ours." \
+            if "published_mean" in table else ""
+        parts.append("<h3>Table 1</h3>")
+        parts.append(_table_html(FT.table1_display(table), "Test accuracy in %, mean ± sample standard deviation "
+                                 f"(SD, ddof = 1) over seeds; latency in ms per sample, mean ± SD over seeds.{paper}"))
+        shown, wilcoxon_note = FT.paired_display(summary)
+        parts.append(f"<h3>Paired-seed Δ accuracy against {html.escape(baseline)}</h3>")
+        if wilcoxon_note:
+            parts.append(f"<p class='note'>{html.escape(wilcoxon_note)}</p>")
+        parts.append(_table_html(shown, "Δ = test accuracy(fusion) − test accuracy(baseline) in percentage points, "
+                                        "for the seeds with an ok run on both sides (unpaired seeds are left out); "
+                                        "95 % t interval of the mean Δ; paired t-test and Wilcoxon signed-rank "
+                                        "p-values, 2 significant figures."))
         parts += [_image_html(p) for p in figures if p.stem.startswith(f"paired_deltas_{slug}_")]
         parts.append("<h3>Accuracy and latency per fusion</h3>")
-        parts.append(_table_html(FT.fusion_summary(runs)))
+        parts.append(_table_html(FM.display(FT.fusion_summary(runs)), "Pooled over PEs and seeds."))
         parts += [_image_html(p) for p in figures if p.stem in (f"accuracy_per_fusion_{slug}",
                                                                  f"latency_per_fusion_{slug}")]
         if len(buckets):
-            cells = buckets.assign(acc=[FM.format_mean_std(m, s)
-                                        for m, s in zip(buckets.test_acc_mean, buckets.test_acc_std)])
-            wide = cells.pivot(index=["pe_type", "fusion"], columns="bucket", values="acc")
-            wide = wide[list(dict.fromkeys(buckets["bucket"]))].reset_index()
-            parts.append("<h3>Accuracy (%) per document length</h3>")
-            parts.append(_table_html(wide))
+            parts.append("<h3>Accuracy per document length</h3>")
+            parts.append(_table_html(FT.length_bucket_display(buckets),
+                                     "Test accuracy in %, mean ± SD over seeds, per bucket of document length "
+                                     "in tokens before truncation; rows in Table 1's order."))
             parts += [_image_html(p) for p in figures if p.stem == f"accuracy_per_length_{slug}"]
     return parts, written + figures
 
@@ -257,17 +266,31 @@ def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None, al
     delta_summary = ST.student_delta_summary(ST.student_deltas(student))
     published = "" if alpha_c else " (published α_c(ω) unavailable: pefusion.student has no ALPHA_C_PUBLISHED)"
     beside = "" if theory is None else (
-        f"<p class='muted'>Columns ending in _theory, and alpha_c_theory, are the d → ∞ prediction "
+        f"<p class='muted'>Columns marked d → ∞ theory are the prediction "
         f"(pefusion.student.theory, {theory.nodes} Gauss–Hermite nodes per axis) at each point's α, ω, σ and λ "
         f"(λ* for λ-CV runs): ε_t's is −Φ, θ's is |Q*ᵀQ|/d; dashed lines on the figures.</p>")
+    summary = ST.student_summary(student)
+    slice_keys = ("source", R.OMEGA, R.SIGMA, R.D, ST.LAM_FIXED)
+    same, in_every_row = FM.constant_columns(summary, slice_keys)
+    where = f" In every row: {in_every_row}." if in_every_row else ""
+    simulated = [c for c in summary if not c.endswith(("_theory_mean", "_theory_std"))]
+    theory_cols = [c for c in summary if c not in simulated]
+    keys = [c for c in ("source", R.ALPHA, R.OMEGA, R.SIGMA, R.D, ST.LAM_FIXED, R.INIT, "n_seeds") if c in summary]
     parts = [
-        "<h2>Positional vs semantic solutions</h2><p class='muted'>Δε = ε(positional) − ε(semantic), mean ± "
-        "sample std over seeds: Δε_t &gt; 0 means the semantic solution reaches the lower training loss.</p>",
-        beside, _table_html(delta_summary),
+        "<h2>Positional vs semantic solutions</h2>", beside,
+        _table_html(FM.display(delta_summary, drop=tuple(FM.constant_columns(delta_summary, slice_keys)[0])),
+                    "Δε = ε(positional) − ε(semantic), mean ± sample SD over seeds: Δε_t > 0 means the semantic "
+                    f"solution reaches the lower training loss.{where}"),
         f"<h3>Estimated α_c beside the published one{html.escape(published)}</h3>",
-        _table_html(ST.crossing_alphas(delta_summary, alpha_c, alpha_c_theory)),
-        "<h3>Per initialisation</h3>", _table_html(ST.student_summary(student)),
+        _table_html(FM.display(ST.crossing_alphas(delta_summary, alpha_c, alpha_c_theory))),
+        "<h3>Per initialisation</h3>",
+        _table_html(FM.display(summary[simulated], drop=tuple(same)),
+                    f"Simulations: mean ± sample SD over seeds.{where}"),
     ]
+    if theory_cols:
+        parts.append(_table_html(FM.display(summary[keys + theory_cols], drop=tuple(same)),
+                                 "The d → ∞ theory at the same points (for λ-CV runs at each seed's λ*: mean ± SD "
+                                 "over seeds)."))
     parts += [_image_html(p) for p in figures]
     return parts, written + figures
 
@@ -286,8 +309,11 @@ def budget_line(budget: SE.Budget, scheduler: str | None) -> str:
 def _search_sections(sweep: RU.Sweep, out: Path) -> tuple[list[str], list[Path]]:
     trials, tags = sweep.trials, sweep.parent_tags
     table = SE.search_table(trials)
-    written = [_write_csv(table, out / "search_trials.csv")]
-    parts = ["<h2>Search trials, best first</h2><p class='muted'>Accuracies in %.</p>", _table_html(table)]
+    written = [FM.write_csv(table, out / "search_trials.csv")]
+    parts = ["<h2>Search trials, best first</h2>",
+             _table_html(FM.display(table), "Accuracies in %; a trial stopped early by the scheduler has no test "
+                                            "accuracy (–) and is ranked by the best validation accuracy of the "
+                                            "epochs it ran.")]
 
     space_file = tags.get(R.TAG_SEARCH_SPACE, "")
     points = SE.search_points(trials, SE.recorded_space(space_file), space_file)
@@ -311,11 +337,11 @@ def _search_sections(sweep: RU.Sweep, out: Path) -> tuple[list[str], list[Path]]
     if why_not:
         parts.append(f"<p class='note'>{html.escape(why_not)}.</p>")
     else:
-        written.append(_write_csv(importances, out / "search_importance.csv"))
+        written.append(FM.write_csv(importances, out / "search_importance.csv"))
         parts.append(f"<p class='muted'>fANOVA (optuna.importance, forest seed {SE.IMPORTANCE_SEED}) over the "
                      f"{len(points.frame)} scored trials rebuilt as an Optuna study: the share of the variance of "
                      f"the best validation accuracy each key explains on its own (the shares sum to 1).</p>")
-        parts.append(_table_html(importances))
+        parts.append(_table_html(FM.display(importances)))
 
     figure = F.search_parallel_figure(points)
     if figure is not None:
@@ -355,7 +381,13 @@ def _header(sweep: RU.Sweep) -> str:
         ("report written", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
     ]
     cells = "".join(f"<tr><th>{html.escape(k)}</th><td><code>{html.escape(str(v))}</code></td></tr>" for k, v in rows)
-    return f"<table>{cells}</table>"
+    if sweep.parent_run_id and sweep.experiment_id:
+        link = ui_link(sweep.tracking_uri, sweep.experiment_id, sweep.parent_run_id)
+        serve = "" if sweep.tracking_uri.startswith(("http://", "https://")) else (
+            f" (first <code>mlflow ui --backend-store-uri {html.escape(sweep.tracking_uri)}</code>)")
+        cells += (f"<tr><th>MLflow UI</th><td><a href='{html.escape(link)}'>the sweep's trial runs</a>{serve}"
+                  f"<br><code>{html.escape(link)}</code></td></tr>")
+    return f"<table class='meta'>{cells}</table>"
 
 
 def report_path(sweep: RU.Sweep, out: str | Path) -> Path:
@@ -386,7 +418,7 @@ def build_report(sweep: RU.Sweep, out: str | Path = "results", baseline: str = "
         f"<h1>Sweep report: {html.escape(sweep.name)}</h1>", _header(sweep),
         *(f"<p class='note'>Note: {html.escape(r)}</p>" for r in remarks),
         *parts,
-        "<h2>Failed trials</h2>", _table_html(RU.failed_trials(sweep.trials)),
+        "<h2>Failed trials</h2>", _table_html(FM.display(RU.failed_trials(sweep.trials))),
         "<h2>Files</h2><p class='muted'>" + "<br>".join(html.escape(str(p)) for p in written) + "</p>",
         "</body></html>",
     ]

@@ -58,6 +58,7 @@ class Sweep:
     parent_tags: dict[str, str] = field(default_factory=dict)
     n_unfinished: int = 0  # trial runs still RUNNING/SCHEDULED, left out
     parent_metrics: dict[str, float] = field(default_factory=dict)  # what the sweep logged when it finished
+    experiment_id: str = ""  # MLflow's id of the experiment (for links to its UI)
 
     @property
     def name(self) -> str:
@@ -206,7 +207,7 @@ def load_sweep(tracking_uri: str | None, experiment: str, parent_run: str | None
         raise AnalysisError(f"experiment {experiment!r} has no finished trial runs; {DEMO_HINT}")
     return Sweep(uri, experiment, trials, parent.info.run_id if parent else None,
                  dict(parent.data.tags) if parent else {}, unfinished,
-                 dict(parent.data.metrics) if parent else {})
+                 dict(parent.data.metrics) if parent else {}, exp_id)
 
 
 def _best_val_acc_of_stopped(client, trials: pd.DataFrame) -> None:

@@ -34,12 +34,10 @@ def varied_keys(trials: pd.DataFrame) -> list[str]:
 
 def search_table(trials: pd.DataFrame) -> pd.DataFrame:
     """Trials of a hyperparameter search, best first: the config keys that vary, status, and the metrics that
-    rank them (accuracies in %)."""
+    rank them (accuracies as the trials recorded them, fractions; formats.csv_ready and formats.display show
+    them in percent)."""
     metrics = [m for m in (R.BEST_VAL_ACC, R.OPTIMISED_METRIC, R.TEST_ACC, R.EPOCHS_RUN) if m in trials]
     out = trials[[TRIAL_ID, *varied_keys(trials), R.STATUS, *metrics]].copy()
-    for m in (R.BEST_VAL_ACC, R.VAL_ACC, R.TEST_ACC):
-        if m in out:
-            out[m] = (out[m].astype(float) * 100).round(4)  # 0.671 * 100 = 67.10000000000001 otherwise
     rank = R.BEST_VAL_ACC if R.BEST_VAL_ACC in out else R.OPTIMISED_METRIC
     if rank in out:
         out = out.sort_values(rank, ascending=R.OPTIMISED_MODE != "max", na_position="last")

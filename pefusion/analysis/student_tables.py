@@ -44,6 +44,14 @@ def published_alpha_curves() -> tuple[dict[float, float], dict[float, float]]:
     return dict(ALPHA_C_PUBLISHED), dict(ALPHA_L_PUBLISHED)
 
 
+def published_setting() -> dict[str, float]:
+    """d, σ and λ of the paper's simulations and of its α_c(ω), α_l(ω) tables (σ = 0.5, λ = 0.01, d = 1000;
+    the α tables are its d → ∞ theory)."""
+    from pefusion.student.config import REPRODUCTION_POINT
+
+    return {k: REPRODUCTION_POINT[k] for k in (R.D, R.SIGMA, R.LAMBDA)}
+
+
 def student_frame(trials: pd.DataFrame) -> pd.DataFrame:
     """All student runs as one long frame, one row per (run, initialisation), columns STUDENT_COLUMNS.
 

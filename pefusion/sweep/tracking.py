@@ -441,3 +441,15 @@ class SweepRecorder:
         """The parent run of an interrupted sweep: KILLED, never FINISHED; --resume reopens it."""
         self.client.set_tag(self.parent_run_id, R.TAG_STATUS, R.STATUS_INTERRUPTED)
         self.client.set_terminated(self.parent_run_id, status="KILLED")
+
+
+def ui_link(tracking_uri: str, experiment_id: str, run_id: str, ui_url: str = "http://127.0.0.1:5000") -> str:
+    """The MLflow UI's page of a sweep's trial runs: the experiment's "Training runs" list filtered to the children
+    of parent run `run_id` (MLflow 3 opens an experiment on its GenAI overview, where these runs do not show).
+    A tracking server serves its own UI, so an http(s) tracking URI is the link's base; for a local store
+    (sqlite) it is `ui_url`, where `mlflow ui --backend-store-uri <tracking_uri>` serves it."""
+    import urllib.parse
+
+    base = tracking_uri if tracking_uri.startswith(("http://", "https://")) else ui_url
+    search = urllib.parse.quote(f"tags.`{R.TAG_PARENT}` = '{run_id}'", safe="")
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?searchFilter={search}"
