@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from conftest import REPO, load_script
+from study_names import EPOCH_METRICS, FINAL_METRICS
 from pefusion import record as R
 from pefusion.data.batching import iter_batches
 from pefusion.errors import ConfigError
@@ -161,10 +162,10 @@ def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, 
     assert (params[R.PE_TYPE], params[R.FUSION], params[R.SEED], params[R.DATASET]) == ("learned", "gate_cnn", "3",
                                                                                         "synthetic")
     assert params["d_model"] == str(smoke_preset.model.d_model) and params["lr"] == str(smoke_preset.train.lr)
-    for name in R.FINAL_METRICS:
+    for name in FINAL_METRICS:
         assert name in run.data.metrics, name
     epochs = int(run.data.metrics[R.EPOCHS_RUN])
-    for name in R.EPOCH_METRICS:  # val_acc also has the final (restored best) value one step past the epochs
+    for name in EPOCH_METRICS:  # val_acc also has the final (restored best) value one step past the epochs
         final_step = [epochs + 1] if name == R.VAL_ACC else []
         assert ([m.step for m in client.get_metric_history(run.info.run_id, name)]
                 == list(range(1, epochs + 1)) + final_step)

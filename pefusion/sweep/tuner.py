@@ -2,8 +2,9 @@
 the Tuner (new or restored) under a SIGTERM that acts as Ctrl-C. What the driver sees of the running sweep
 (MLflow forwarding, progress, how each trial ended) is `pefusion.sweep.live`.
 
-`pefusion.sweep.driver.run_sweep` is the only caller of `run_tune`; it states *what* to search (a param space, a
-trainable, a scheduler) and this module does it the same way for every sweep. Current Ray API only:
+`pefusion.sweep.driver.run_sweep` is the only caller of `run_tune`; the study states *what* to search (a param
+space, a trainable, a scheduler: `pefusion.sweep.study.StudySweep`) and this module does it the same way for every
+sweep. Current Ray API only:
 `ray.tune.report`, `ray.tune.get_checkpoint`, `tune.Tuner`, `tune.TuneConfig`, `tune.RunConfig`,
 `tune.FailureConfig`, `tune.with_resources`, `tune.with_parameters`, `tune.Callback`.
 """
@@ -29,6 +30,8 @@ from pefusion.errors import ConfigError
 from pefusion.sweep import live
 from pefusion.sweep.gpus import AUTO
 from pefusion.sweep.live import LiveSweep, TrialEvents, error_summary
+from pefusion.sweep.space import to_tune
+from pefusion.sweep.study import StudySweep, varying_keys
 from pefusion.sweep.tracking import SweepRecorder, TrackingError, check_tracking, resolve_tracking_uri
 
 # Persist Tune's experiment state at least every second, so a driver killed with SIGKILL loses (almost) no
@@ -47,7 +50,7 @@ class SweepOptions:
     """The flags every sweep script shares (see `pefusion.cli.flags.add_sweep_flags`)."""
 
     sweep: str  # arxiv_grid | lr_batch_asha | lambda_cv | phase_diagram
-    experiment: str
+    experiment: str | None = None  # the MLflow experiment (--experiment); None: the study's
     name: str | None = None
     storage_path: str = DEFAULT_STORAGE
     address: str | None = None  # None: a new local cluster; "auto": a running `ray start --head`
@@ -197,20 +200,18 @@ def catching_errors(trainable: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOptions, *, preset: str,
-             static_params: Mapping[str, Any] | None = None, run_name: Callable[[dict], str] = lambda cfg: "",
-             progress_metric: str | None = None, metric: str | None = None, mode: str | None = None,
-             scheduler: Any = None, search_alg: Any = None, num_samples: int = 1) -> tuple[LiveSweep, str]:
-    """Run (or resume) one sweep and return `(LiveSweep, experiment path)`: how every trial ended, the recorder
-    (its writes flushed), whether it was interrupted.
+def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) -> tuple[LiveSweep, str]:
+    """Run (or resume) one sweep of `study`, its trainable given `shipped`, and return `(LiveSweep, experiment
+    path)`: how every trial ended, the recorder (its writes flushed), whether it was interrupted.
 
-    `metric`/`mode` are given here once and reach the scheduler and the search algorithm through TuneConfig.
+    The study's `metric`/`mode` are given here once and reach the scheduler and the search algorithm through
+    TuneConfig.
     Must be called after every user input has been validated: from here on, problems are Ray's (the resource
     check below needs the cluster's nodes, and ends in one line like a bad flag).
     """
     uri = resolve_tracking_uri(opts.tracking_uri)
     check_tracking(uri)
-    name = opts.experiment_name(preset)
+    name = opts.experiment_name(study.preset)
     exp_path = f"{opts.storage_root().rstrip('/')}/{name}"
     if opts.resume and not opts.is_remote_storage and not Path(exp_path).is_dir():
         raise ConfigError(f"--resume: no experiment at {exp_path}")
@@ -227,20 +228,26 @@ def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOpt
     if dashboard and opts.verbose:
         print(f"Ray dashboard: {dashboard}  (token: `ray get-auth-token`)", flush=True)
     # Opened while Tune starts the trials' processes (both take seconds); a trial's first event waits for it.
-    recorder = SweepRecorder(uri, opts.experiment, opts.sweep, exp_path, wait=False, announce=True,
-                             tags={R.TAG_RAY_ADDRESS: opts.address or "local", R.TAG_COMMAND: opts.command, **opts.tags})
+    recorder = SweepRecorder(uri, opts.experiment or study.experiment, opts.sweep, exp_path, wait=False,
+                             announce=True, tags={R.TAG_RAY_ADDRESS: opts.address or "local",
+                                                  R.TAG_COMMAND: opts.command, **opts.tags})
 
-    sweep = live.begin(LiveSweep(recorder, dict(static_params or {}), run_name, progress_metric,
-                                 progress=opts.progress))
+    sweep = live.begin(LiveSweep(
+        recorder, dict(study.static_params), study.run_name, shown=study.shown, varying=varying_keys(study.space),
+        labels=study.labels, metric=study.metric, mode=study.mode, best_metric=study.best_metric,
+        progress=opts.progress))
+    trainable = tune.with_parameters(catching_errors(study.trainable), **shipped)
     wrapped = tune.with_resources(trainable, {"cpu": opts.cpus_per_trial, "gpu": opts.gpus_per_trial})
+    param_space = to_tune(study.space)
     if opts.resume:
         tuner = tune.Tuner.restore(exp_path, wrapped, resume_unfinished=True, resume_errored=False,
-                                   param_space=dict(param_space))
+                                   param_space=param_space)
     else:
         tuner = tune.Tuner(
-            wrapped, param_space=dict(param_space),
-            tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler, search_alg=search_alg,
-                                        num_samples=num_samples, max_concurrent_trials=opts.max_concurrent or None,
+            wrapped, param_space=param_space,
+            tune_config=tune.TuneConfig(metric=study.metric, mode=study.mode, scheduler=study.scheduler,
+                                        search_alg=study.search_alg, num_samples=study.num_samples,
+                                        max_concurrent_trials=opts.max_concurrent or None,
                                         reuse_actors=True),  # a fresh process costs ~5 s of imports
             run_config=tune.RunConfig(
                 name=name, storage_path=opts.storage_root(), verbose=0 if opts.verbose < 2 else 1,
