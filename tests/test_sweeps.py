@@ -615,3 +615,45 @@ def test_optuna_sampler_seed_fixes_the_sampled_configurations(local_ray, in_tmp,
     first, again, other = sampled("seed7", 7), sampled("seed7-again", 7), sampled("seed8", 8)
     assert first == again
     assert {lr for lr, _ in other}.isdisjoint({lr for lr, _ in first})
+
+
+def test_a_new_per_epoch_metric_of_any_trainable_reaches_mlflow_listed_nowhere(local_ray, in_tmp, capsys):
+    """A toy study (not PE-fusion) whose trainable reports a metric no module names: its whole per-epoch series
+    is in MLflow, its final value one step past the last epoch (the run's value), the study's own experiment is
+    used, and the progress line names the trial by the searched key and shows the study's metric."""
+    from mlflow.tracking import MlflowClient
+
+    from pefusion.errors import KeyRule
+    from pefusion.sweep.driver import run_sweep
+    from pefusion.sweep.space import parse_search_space
+    from pefusion.sweep.study import StudySweep
+
+    def toy(config, **shipped):
+        from ray import tune
+
+        for epoch in (1, 2, 3):
+            tune.report({"epoch": epoch, "toy_metric": config["x"] * epoch, "toy_loss": 1.0 / epoch})
+        tune.report({"status": "ok", "error": "", "epochs_run": 3, "toy_metric": 100.0 * config["x"],
+                     "toy_final": 7.0})
+
+    space = parse_search_space({"x": {"grid": [1, 2]}, "unused": 5}, {"x": KeyRule(int), "unused": KeyRule(int)})
+    study = StudySweep(sweep="toy", preset="tiny", experiment="toy-study", space=space, trainable=toy,
+                       ship=dict, check_point=lambda point: None, static_params={}, identity={}, sort_keys=("x",),
+                       run_name=lambda config: "", shown={"toy_metric": lambda v: f"toy {v:g}"})
+    opts = _options(in_tmp, max_concurrent=1)
+    opts.experiment, opts.sweep = None, "toy"
+    result = run_sweep(study, opts, in_tmp / "results")
+    assert list(result.rows["status"]) == ["ok", "ok"]
+    assert "x 2: ok, toy 200" in capsys.readouterr().out
+
+    client = MlflowClient(resolve_tracking_uri())
+    exp = client.get_experiment_by_name("toy-study")
+    runs = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_PARENT}` = '{result.parent_run_id}'")
+    assert len(runs) == 2
+    for run in runs:
+        x = int(run.data.params["x"])
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "toy_metric"))
+        assert history == [(1, x), (2, 2 * x), (3, 3 * x), (4, 100 * x)]
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "toy_loss")) == [1, 2, 3]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "toy_final")] == [0]
+        assert run.data.metrics["toy_metric"] == 100 * x
