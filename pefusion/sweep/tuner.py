@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 
 import ray
 from ray import tune
+from ray.tune.logger import JsonLoggerCallback
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
@@ -41,6 +42,10 @@ os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 # Keep Ray's own console table quiet; the sweeps print their own summary.
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+# Tune's default loggers write every result on the driver's loop: a TensorBoard event file per trial (a writer
+# thread each, tensorboardX imported at the first result) and progress.csv, which nothing here reads. Only the
+# JSON logger is kept (`run_tune` passes it): a trial's result.json is what --resume backfills MLflow from.
+os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 
 DEFAULT_STORAGE = "ray_results"
 
@@ -251,7 +256,7 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
                                         reuse_actors=True),  # a fresh process costs ~5 s of imports
             run_config=tune.RunConfig(
                 name=name, storage_path=opts.storage_root(), verbose=0 if opts.verbose < 2 else 1,
-                callbacks=[TrialEvents()],
+                callbacks=[JsonLoggerCallback(), TrialEvents()],
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 failure_config=tune.FailureConfig(max_failures=opts.max_failures, fail_fast=False),
             ),
