@@ -657,3 +657,4 @@ def test_a_new_per_epoch_metric_of_any_trainable_reaches_mlflow_listed_nowhere(l
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "toy_loss")) == [1, 2, 3]
         assert [m.step for m in client.get_metric_history(run.info.run_id, "toy_final")] == [0]
         assert run.data.metrics["toy_metric"] == 100 * x
+        assert set(run.data.metrics) == {"toy_metric", "toy_loss", "toy_final", "epochs_run"}  # none of Ray's

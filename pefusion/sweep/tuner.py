@@ -10,6 +10,7 @@ sweep. Current Ray API only:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -20,7 +21,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import ray
 from ray import tune
@@ -42,10 +43,6 @@ os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 # Keep Ray's own console table quiet; the sweeps print their own summary.
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-# Tune's default loggers write every result on the driver's loop: a TensorBoard event file per trial (a writer
-# thread each, tensorboardX imported at the first result) and progress.csv, which nothing here reads. Only the
-# JSON logger is kept (`run_tune` passes it): a trial's result.json is what --resume backfills MLflow from.
-os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 
 DEFAULT_STORAGE = "ray_results"
 
@@ -264,7 +261,7 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
     if opts.verbose < 2:  # Tune's own interruption warnings name Tuner.restore; the driver prints the command
         for name in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis"):
             logging.getLogger(name).setLevel(logging.ERROR)
-    with _sigterm_as_ctrl_c():
+    with _sigterm_as_ctrl_c(), _json_logger_only():
         try:
             tuner.fit()
         except Exception:
@@ -274,6 +271,25 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
     recorder.wait_open()  # a resumed sweep with nothing left to run never waited for it
     recorder.flush()
     return sweep, exp_path
+
+
+@contextlib.contextmanager
+def _json_logger_only() -> Iterator[None]:
+    """Tune without its default TensorBoard and CSV loggers, during one `fit`.
+
+    Why: they write every result on the driver's loop (an event file and a writer thread per trial, progress.csv),
+    and nothing here reads them. The JSON logger stays (`run_tune` passes it): a trial's result.json is what
+    --resume backfills MLflow from. Scoped to the fit: other Tune runs of the process keep Tune's defaults.
+    """
+    key, before = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS")
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 class _sigterm_as_ctrl_c:
