@@ -121,9 +121,9 @@ def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, c
     assert n == 4 and finished >= 1 and finished + running + pending == 4 and running <= 1
     assert match.group(5) == shlex.join(["python", "sweeps/arxiv_grid.py", *args, "--resume"])
     progress = [ln for ln in lines if re.match(r"^\[\d\d:\d\d:\d\d\] \d/4 done", ln)]
-    # a trial's end names the trial (…-s0 ok: test_acc 0.22); the periodic line of a slow start names none
-    ended = [ln for ln in progress if re.search(r"-s\d \w+: ", ln)]
-    assert len(ended) >= finished and all(" ok: test_acc " in ln for ln in ended), lines
+    # a trial's end names it by what the grid varies (…; learned add: ok, test 22.0 %); a periodic line names none
+    ended = [ln for ln in progress if re.search(r"; (sinusoidal|learned) (add|concat): ", ln)]
+    assert len(ended) >= finished and all(re.search(r": ok, test \d+\.\d %$", ln.strip()) for ln in ended), lines
 
     rows = pd.read_csv(tmp_path / "results" / "cut_results_by_seed.csv")
     truth = _ray_configs(tmp_path / "ray_results" / "cut")
