@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+# --- the MLflow experiment of each study (the default of --experiment) ---------------------------------------
+PEFUSION_EXPERIMENT = "pe-fusion"
+STUDENT_EXPERIMENT = "student-attention"
+
 # --- the optimised metric: one name for the whole project (ASHA, Optuna, best-trial selection) ----------
 OPTIMISED_METRIC = "val_acc"
 OPTIMISED_MODE = "max"
@@ -18,11 +22,12 @@ FUSION = "fusion"
 SEED = "seed"
 
 # --- per-epoch metrics (MLflow step = epoch, 1-based) -------------------------------------------------------
+# A result with EPOCH and without STATUS is an epoch: every number in it becomes a point of that metric's MLflow
+# series, at step = epoch (pefusion.sweep.live); the names below are the PE-fusion study's.
 EPOCH = "epoch"
 TRAIN_LOSS = "train_loss"
 VAL_LOSS = "val_loss"
 VAL_ACC = "val_acc"
-EPOCH_METRICS = (TRAIN_LOSS, VAL_LOSS, VAL_ACC)
 
 # --- final metrics of a PE-fusion trial (SPEC §3) -----------------------------------------------------------
 PARAMS = "params"
@@ -33,9 +38,7 @@ TEST_MACRO_F1 = "test_macro_f1"
 LAT_MS_MEAN = "lat_ms_mean"
 LAT_MS_STD = "lat_ms_std"
 TRAIN_TIME_S = "train_time_s"
-EPOCHS_RUN = "epochs_run"
-FINAL_METRICS = (PARAMS, BEST_VAL_ACC, BEST_EPOCH, VAL_ACC, TEST_ACC, TEST_MACRO_F1, LAT_MS_MEAN, LAT_MS_STD,
-                 TRAIN_TIME_S, EPOCHS_RUN)
+EPOCHS_RUN = "epochs_run"  # also the epochs a stopped or interrupted trial of any study ran (pefusion.sweep.live)
 LENGTH_METRIC_PREFIX = "test_acc_len_"
 LENGTH_COUNT_PREFIX = "test_n_len_"  # documents per length bucket, so empty buckets are visible
 

@@ -15,7 +15,7 @@ from pefusion.analysis.student_tables import published_alpha_curves
 from pefusion.cli.flags import run_main
 from pefusion.analysis.report import write_figures
 from pefusion.cli.analysis import add_source_flags, load_sweep_from_args
-from pefusion.sweep.tracking import PEFUSION_EXPERIMENT
+from pefusion.record import PEFUSION_EXPERIMENT
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from typing import Sequence
 from pefusion.cli.flags import run_main
 from pefusion.analysis.report import write_paired_deltas
 from pefusion.cli.analysis import add_source_flags, load_sweep_from_args
-from pefusion.sweep.tracking import PEFUSION_EXPERIMENT
+from pefusion.record import PEFUSION_EXPERIMENT
 
 
 def main(argv: Sequence[str] | None = None) -> int:

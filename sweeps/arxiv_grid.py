@@ -15,7 +15,7 @@ from typing import Sequence
 from pefusion.cli.fusion import run_arxiv_grid
 from pefusion.cli.flags import add_data_flags, add_preset_flag, add_sweep_flags, csv_list, run_main
 from pefusion.fusion.config import PRESETS
-from pefusion.sweep.tracking import PEFUSION_EXPERIMENT
+from pefusion.record import PEFUSION_EXPERIMENT
 
 
 def main(argv: Sequence[str] | None = None) -> int:

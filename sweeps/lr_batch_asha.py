@@ -16,7 +16,7 @@ from typing import Sequence
 from pefusion.cli.flags import add_data_flags, add_preset_flag, add_sweep_flags, run_main
 from pefusion.cli.fusion import run_lr_batch_asha
 from pefusion.fusion.config import PRESETS
-from pefusion.sweep.tracking import PEFUSION_EXPERIMENT
+from pefusion.record import PEFUSION_EXPERIMENT
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,7 +23,7 @@ import pytest
 
 from conftest import REPO, subprocess_env
 from pefusion import record as R
-from pefusion.fusion.trainable import TIMING_COLUMNS
+from study_names import EPOCH_METRICS, TIMING_COLUMNS
 
 GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "8", "--pe-types", "sinusoidal,learned",
         "--fusions", "add,concat", "--seeds", "0", "--max-concurrent", "1", "--num-cpus", "2", "--no-dashboard"]
@@ -121,9 +121,9 @@ def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, c
     assert n == 4 and finished >= 1 and finished + running + pending == 4 and running <= 1
     assert match.group(5) == shlex.join(["python", "sweeps/arxiv_grid.py", *args, "--resume"])
     progress = [ln for ln in lines if re.match(r"^\[\d\d:\d\d:\d\d\] \d/4 done", ln)]
-    # a trial's end names the trial (…-s0 ok: test_acc 0.22); the periodic line of a slow start names none
-    ended = [ln for ln in progress if re.search(r"-s\d \w+: ", ln)]
-    assert len(ended) >= finished and all(" ok: test_acc " in ln for ln in ended), lines
+    # a trial's end names it by what the grid varies (…; learned add: ok, test 22.0 %); a periodic line names none
+    ended = [ln for ln in progress if re.search(r"; (sinusoidal|learned) (add|concat): ", ln)]
+    assert len(ended) >= finished and all(re.search(r": ok, test \d+\.\d %$", ln.strip()) for ln in ended), lines
 
     rows = pd.read_csv(tmp_path / "results" / "cut_results_by_seed.csv")
     truth = _ray_configs(tmp_path / "ray_results" / "cut")
@@ -154,7 +154,7 @@ def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, c
         assert run.data.params == want.data.params, key
         drop = lambda m: {k: v for k, v in m.items() if k not in TIMING_METRICS}  # noqa: E731
         assert drop(run.data.metrics) == drop(want.data.metrics), key
-        for metric in R.EPOCH_METRICS:  # each epoch once, with the uninterrupted sweep's values
+        for metric in EPOCH_METRICS:  # each epoch once, with the uninterrupted sweep's values
             assert _history(got["client"], run, metric) == _history(ref["client"], want, metric), (key, metric)
         artifacts = {a.path for a in got["client"].list_artifacts(run.info.run_id)}
         assert R.ARTIFACT_CHECKPOINT_DIR in artifacts and R.ARTIFACT_LENGTH_BUCKETS in artifacts
@@ -334,14 +334,16 @@ def test_a_trial_process_killed_mid_training_resumes_from_its_checkpoint(local_r
 
 def test_progress_line_counts_trials_and_estimates_the_time_left(capsys):
     """The line as each trial ends: done (failed) / running / pending of n, elapsed, time left from the rate of
-    this driver's ended trials, the trial's main metric."""
+    this driver's trials (ended ones, and the epochs of running ones), the trial by what the search varies and the
+    study's main metric."""
     from ray.tune.experiment import Trial
 
     from pefusion.sweep.live import LiveSweep
 
     live = LiveSweep(recorder=SimpleNamespace(later=lambda *a, **k: None), static_params={},
-                     run_name=lambda config: f"s{config['seed']}", progress_metric=R.TEST_ACC, total=10)
-    live.started_at = time.time() - 120
+                     run_name=lambda config: f"s{config['seed']}", varying=("seed",), total=10,
+                     shown={R.TEST_ACC: lambda v: f"test {100 * v:.1f} %"})
+    live.started_at = live.first_start = time.time() - 120
     trials = [SimpleNamespace(trial_id=f"t{i}", status=s, config={"seed": i}, last_result={}, checkpoint=None)
               for i, s in enumerate([Trial.TERMINATED, Trial.TERMINATED, Trial.RUNNING, Trial.RUNNING,
                                      Trial.PENDING])]
@@ -353,10 +355,14 @@ def test_progress_line_counts_trials_and_estimates_the_time_left(capsys):
     line = capsys.readouterr().out.strip()
     # 2 of 10 ended (1 failed) in 120 s: 60 s each, 8 left -> ~8 min
     assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] 2/10 done \(1 failed\), 2 running, 6 pending; 2m0[01]s elapsed, "
-                        r"~8m0[0-9]s left; s1 ok: test_acc 0.8125", line), line
+                        r"~8m0[0-9]s left; seed 1: ok, test 81\.2 %", line), line
     live.every_s = 0.0
     live.step(trials)
     assert "2/10 done (1 failed), 2 running, 6 pending" in capsys.readouterr().out
+    # Ended trials ran 4 epochs; the running ones 2 each: 2 + 2 * 2/4 = 3 trials' work in 120 s, 7 left -> 280 s
+    live.epochs = {"t0": 4, "t1": 4, "t2": 2, "t3": 2}
+    live.step(trials)
+    assert re.search(r"2 running, 6 pending; 2m0[01]s elapsed, ~4m[34][0-9]s left$", capsys.readouterr().out.strip())
     live.progress = False
     live.step(trials)
     assert capsys.readouterr().out == ""

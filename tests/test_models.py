@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from pefusion import ConfigError, ModelConfig, build_model, build_model_from_config
-from pefusion.fusion.config import FUSIONS, PAPER_FUSIONS, PAPER_PE_TYPES, PE_TYPES
+from pefusion.fusion.config import FUSIONS, PAPER_PE_TYPES, PE_TYPES
 from conftest import allowed_pairs
+from study_names import PAPER_FUSIONS
 from pefusion.fusion.model import EncoderLayer, SelfAttention
 from pefusion.fusion.operators import build_fusion
 from pefusion.fusion.positional import ALiBi, PaperRelative, PaperRope, Rotary, Sinusoidal, build_positional

@@ -22,7 +22,7 @@ import torch
 
 from conftest import REPO, free_port, subprocess_env
 from pefusion import record as R
-from pefusion.fusion.trainable import TIMING_COLUMNS
+from study_names import TIMING_COLUMNS
 
 pytestmark = pytest.mark.subprocess_ray
 

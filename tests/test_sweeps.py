@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from conftest import REPO, load_script
+from study_names import EPOCH_METRICS, FINAL_METRICS
 from pefusion import record as R
 from pefusion.data.batching import iter_batches
 from pefusion.errors import ConfigError
@@ -161,10 +162,10 @@ def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, 
     assert (params[R.PE_TYPE], params[R.FUSION], params[R.SEED], params[R.DATASET]) == ("learned", "gate_cnn", "3",
                                                                                         "synthetic")
     assert params["d_model"] == str(smoke_preset.model.d_model) and params["lr"] == str(smoke_preset.train.lr)
-    for name in R.FINAL_METRICS:
+    for name in FINAL_METRICS:
         assert name in run.data.metrics, name
     epochs = int(run.data.metrics[R.EPOCHS_RUN])
-    for name in R.EPOCH_METRICS:  # val_acc also has the final (restored best) value one step past the epochs
+    for name in EPOCH_METRICS:  # val_acc also has the final (restored best) value one step past the epochs
         final_step = [epochs + 1] if name == R.VAL_ACC else []
         assert ([m.step for m in client.get_metric_history(run.info.run_id, name)]
                 == list(range(1, epochs + 1)) + final_step)
@@ -614,3 +615,46 @@ def test_optuna_sampler_seed_fixes_the_sampled_configurations(local_ray, in_tmp,
     first, again, other = sampled("seed7", 7), sampled("seed7-again", 7), sampled("seed8", 8)
     assert first == again
     assert {lr for lr, _ in other}.isdisjoint({lr for lr, _ in first})
+
+
+def test_a_new_per_epoch_metric_of_any_trainable_reaches_mlflow_listed_nowhere(local_ray, in_tmp, capsys):
+    """A toy study (not PE-fusion) whose trainable reports a metric no module names: its whole per-epoch series
+    is in MLflow, its final value one step past the last epoch (the run's value), the study's own experiment is
+    used, and the progress line names the trial by the searched key and shows the study's metric."""
+    from mlflow.tracking import MlflowClient
+
+    from pefusion.errors import KeyRule
+    from pefusion.sweep.driver import run_sweep
+    from pefusion.sweep.space import parse_search_space
+    from pefusion.sweep.study import StudySweep
+
+    def toy(config, **shipped):
+        from ray import tune
+
+        for epoch in (1, 2, 3):
+            tune.report({"epoch": epoch, "toy_metric": config["x"] * epoch, "toy_loss": 1.0 / epoch})
+        tune.report({"status": "ok", "error": "", "epochs_run": 3, "toy_metric": 100.0 * config["x"],
+                     "toy_final": 7.0})
+
+    space = parse_search_space({"x": {"grid": [1, 2]}, "unused": 5}, {"x": KeyRule(int), "unused": KeyRule(int)})
+    study = StudySweep(sweep="toy", preset="tiny", experiment="toy-study", space=space, trainable=toy,
+                       ship=dict, check_point=lambda point: None, static_params={}, identity={}, sort_keys=("x",),
+                       run_name=lambda config: "", shown={"toy_metric": lambda v: f"toy {v:g}"})
+    opts = _options(in_tmp, max_concurrent=1)
+    opts.experiment, opts.sweep = None, "toy"
+    result = run_sweep(study, opts, in_tmp / "results")
+    assert list(result.rows["status"]) == ["ok", "ok"]
+    assert "x 2: ok, toy 200" in capsys.readouterr().out
+
+    client = MlflowClient(resolve_tracking_uri())
+    exp = client.get_experiment_by_name("toy-study")
+    runs = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_PARENT}` = '{result.parent_run_id}'")
+    assert len(runs) == 2
+    for run in runs:
+        x = int(run.data.params["x"])
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "toy_metric"))
+        assert history == [(1, x), (2, 2 * x), (3, 3 * x), (4, 100 * x)]
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "toy_loss")) == [1, 2, 3]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "toy_final")] == [0]
+        assert run.data.metrics["toy_metric"] == 100 * x
+        assert set(run.data.metrics) == {"toy_metric", "toy_loss", "toy_final", "epochs_run"}  # none of Ray's

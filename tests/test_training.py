@@ -15,6 +15,7 @@ from pefusion.data.config import DataConfig
 from pefusion.data.corpus import load_corpus
 from pefusion.fusion.config import PRESETS
 from pefusion.fusion.training import Trainer, length_bucket_accuracy, macro_f1, train_and_evaluate
+from study_names import FINAL_METRICS
 
 TIMING = {R.LAT_MS_MEAN, R.LAT_MS_STD, R.TRAIN_TIME_S}
 
@@ -148,7 +149,7 @@ def test_final_record_is_the_best_epochs_weights_not_the_last(smoke_preset, smok
 def test_record_has_every_spec_field(smoke_preset, smoke_corpus):
     model, train = _cfgs(smoke_preset, max_epochs=1)
     record = train_and_evaluate(model, train, smoke_corpus, length_edges=(64, 256, 1024))
-    for key in (R.DATASET, R.PE_TYPE, R.FUSION, R.SEED, *R.FINAL_METRICS):
+    for key in (R.DATASET, R.PE_TYPE, R.FUSION, R.SEED, *FINAL_METRICS):
         assert key in record, key
     assert record[R.LAT_MS_MEAN] > 0 and record[R.PARAMS] > 0 and 0 <= record[R.TEST_MACRO_F1] <= 1
     counts = [record[R.LENGTH_COUNT_PREFIX + lbl] for lbl in R.length_bucket_labels((64, 256, 1024))]

@@ -21,7 +21,8 @@ from pefusion.fusion.config import (PRESETS, RULES, Preset, check_pe_fusion_pair
                                     trial_data)
 from pefusion.fusion.probe import largest_trial_peak
 from pefusion.fusion.trainable import check_trial_config, pefusion_trainable, trial_run_name
-from pefusion.sweep.driver import StudySweep, run_sweep
+from pefusion.sweep.driver import run_sweep
+from pefusion.sweep.study import StudySweep
 from pefusion.sweep.space import (Choice, Constant, Grid, SearchSpace, SearchSpaceError, grid_size, load_search_space,
                                   require_no_grid)
 
@@ -64,7 +65,8 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
                    corpus: EncodedCorpus | None = None, trainable: Callable[..., None] = pefusion_trainable,
                    describe: bool = False, **search: Any) -> StudySweep:
     """Study A as the engine sees it: trials of `space` over `preset`, on `corpus` (default: the preset's data,
-    loaded after validation). `search`: StudySweep's metric, mode, scheduler, search_alg, num_samples."""
+    loaded after validation). `search`: StudySweep's metric, mode, scheduler, search_alg, num_samples; a
+    stopped trial's best validation accuracy is its `best_val_acc`."""
     settings = corpus_settings(space, preset)
 
     def ship() -> dict[str, Any]:
@@ -82,14 +84,16 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
 
     dataset = preset.data.source_name
     return StudySweep(
-        sweep=sweep, preset=preset_name, space=space, trainable=trainable, ship=ship,
+        sweep=sweep, preset=preset_name, experiment=R.PEFUSION_EXPERIMENT, space=space, trainable=trainable,
+        ship=ship,
         check_point=lambda point: check_trial_config(point, preset),
         static_params={R.DATASET: dataset, **flat_config(preset.model, preset.train),
                        **{k: getattr(preset.data, k) for k in TOKENIZER_KEYS}},
         identity={R.PE_TYPE: preset.model.pe_type, R.FUSION: preset.model.fusion, R.SEED: preset.train.seed,
                   R.DATASET: dataset},
         sort_keys=(R.PE_TYPE, R.FUSION, R.SEED, "lr", "batch_size"), run_name=trial_run_name,
-        progress_metric=R.TEST_ACC, describe=line,
+        shown={R.TEST_ACC: lambda v: f"test {100 * v:.1f} %", R.VAL_ACC: lambda v: f"val {100 * v:.1f} %"},
+        labels={"batch_size": "batch"}, best_metric=R.BEST_VAL_ACC, describe=line,
         results_file="results_by_seed", tables=lambda rows: {"results_aggregated": aggregate_rows(rows)},
         gpu_probe=functools.partial(largest_trial_peak, base=preset), **search)
 

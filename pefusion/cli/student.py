@@ -12,11 +12,11 @@ import pandas as pd
 from pefusion import record as R
 from pefusion.cli.flags import add_preset_flag, add_sweep_flags, csv_list, search_space_path, sweep_options
 from pefusion.errors import ConfigError
-from pefusion.student.config import CV_KEYS, RULES, STUDENT_PRESETS, point_config, smoke_student
+from pefusion.student.config import CV_KEYS, RULES, STUDENT_PRESETS, StudentPreset, point_config, smoke_student
 from pefusion.student.trainable import lambda_cv_trainable, phase_trainable, student_run_name
-from pefusion.sweep.driver import StudySweep, run_sweep
-from pefusion.sweep.space import Constant, grid_size, load_search_space
-from pefusion.sweep.tracking import STUDENT_EXPERIMENT
+from pefusion.sweep.driver import run_sweep
+from pefusion.sweep.space import Constant, SearchSpace, grid_size, load_search_space
+from pefusion.sweep.study import StudySweep
 
 TRAINABLES = {"lambda_cv": lambda_cv_trainable, "phase_diagram": phase_trainable}
 # Flags that narrow a grid of the search-space file: (flag, type, what, example).
@@ -31,7 +31,7 @@ def add_student_flags(parser: argparse.ArgumentParser, sweep: str) -> None:
         parser.add_argument(flag, type=csv_list(kind), help=f"narrow the {what} grid, e.g. {flag} {example}")
     parser.add_argument("--d", type=int, help="embedding dimension (default: the preset's)")
     parser.add_argument("--iters", type=int, help="optimiser iterations (default: the preset's)")
-    add_sweep_flags(parser, experiment=STUDENT_EXPERIMENT, search_space=f"{sweep}.yaml")
+    add_sweep_flags(parser, experiment=R.STUDENT_EXPERIMENT, search_space=f"{sweep}.yaml")
 
 
 def run_student_sweep(sweep: str, args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
@@ -53,13 +53,7 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, argv: Sequence[str] 
     if sweep == "phase_diagram" and R.INIT in space:
         raise ConfigError("init: a phase-diagram trial fits both initialisations; remove 'init' from the space")
 
-    study = StudySweep(
-        sweep=sweep, preset=args.preset, space=space, trainable=TRAINABLES[sweep],
-        ship=lambda: {"preset": preset, "cpus": args.cpus_per_trial},
-        check_point=lambda point: point_config(point, preset), static_params={**preset.point, **preset.cv},
-        identity=preset.point, sort_keys=(R.OMEGA, R.ALPHA, R.INIT, R.SEED), run_name=student_run_name,
-        progress_metric=R.EPS_G if sweep == "lambda_cv" else f"{R.EPS_G}_semantic",
-        describe=lambda shipped: f"{grid_size(space)} points ({sweep}, preset {args.preset})")
+    study = student_study(sweep, args.preset, preset, space, args.cpus_per_trial)
     result = run_sweep(study, sweep_options(args, sweep, argv), args.out)
     rows = result.rows
     n_failed = int((rows[R.STATUS] != R.STATUS_OK).sum())
@@ -67,6 +61,20 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, argv: Sequence[str] 
     print(f"{len(rows)} trials, {len(rows) - n_failed} ok, {n_failed} failed\nresults: {result.paths[0]}\n"
           f"Ray experiment: {result.experiment_path}")
     return 0
+
+
+def student_study(sweep: str, preset_name: str, preset: StudentPreset, space: SearchSpace,
+                  cpus: float) -> StudySweep:
+    """Study B as the engine sees it: one trial per point of `space` over `preset`, `sweep` naming the trainable
+    (`lambda_cv` or `phase_diagram`)."""
+    shown = R.EPS_G if sweep == "lambda_cv" else f"{R.EPS_G}_semantic"
+    return StudySweep(
+        sweep=sweep, preset=preset_name, experiment=R.STUDENT_EXPERIMENT, space=space, trainable=TRAINABLES[sweep],
+        ship=lambda: {"preset": preset, "cpus": cpus},
+        check_point=lambda point: point_config(point, preset), static_params={**preset.point, **preset.cv},
+        identity=preset.point, sort_keys=(R.OMEGA, R.ALPHA, R.INIT, R.SEED), run_name=student_run_name,
+        shown={shown: lambda v: f"{shown} {v:.4g}"},
+        describe=lambda shipped: f"{grid_size(space)} points ({sweep}, preset {preset_name})")
 
 
 def student_summary(rows: pd.DataFrame) -> str:

@@ -29,7 +29,6 @@ PE_TYPES = PAPER_PE_TYPES + ("none", "rotary", "alibi")
 # PEs that act inside attention (on q/k or the logits) and so have nothing to fuse at the input.
 ATTENTION_PE_TYPES = ("rotary", "alibi")
 
-PAPER_FUSIONS = ("add", "mul", "concat", "gate_scalar", "mlp")  # released in the paper's code
 FUSIONS = ("add", "mul", "concat", "gate_scalar", "gate_vector", "gate_cnn", "mlp", "mlp_gate", "none")
 
 ACTIVATIONS = ("relu", "gelu")

@@ -25,15 +25,12 @@ from pefusion.errors import ConfigError
 from pefusion.fusion.config import ModelConfig, Preset, split_trial_config, trial_data
 from pefusion.fusion.model import build_model_from_config
 from pefusion.data.encoded import EncodedCorpus
-from pefusion.fusion.training import Diverged, Trainer
+from pefusion.fusion.training import Trainer, train_and_evaluate
 
 TRAINER_STATE = "trainer.pt"
 FINAL_RECORD = "record.json"
 MODEL_WEIGHTS = "model.pt"
 MODEL_CONFIG = "model_config.json"
-# Columns of the by-seed CSV that vary between identical runs (left out when comparing two sweeps).
-TIMING_COLUMNS = (R.LAT_MS_MEAN, R.LAT_MS_STD, R.TRAIN_TIME_S, "trial_id", "visible_devices", "started_at",
-                  "ended_at", R.NODE)
 
 
 def _report_with_files(metrics: dict[str, Any], files: Callable[[Path], None]) -> None:
@@ -81,16 +78,14 @@ def pefusion_trainable(config: dict[str, Any], *, corpora: Mapping[str, EncodedC
                 return
             trainer.load_state_dict(torch.load(Path(folder) / TRAINER_STATE, weights_only=False))
 
-    while not trainer.finished:
-        try:
-            metrics = trainer.train_epoch()
-        except Diverged as exc:
-            tune.report({**trainer.failure_record(R.STATUS_DIVERGED, str(exc)), R.VAL_ACC: float("nan")})
-            return
-        _report_with_files({**metrics, **node},
-                           lambda folder: torch.save(trainer.state_dict(), folder / TRAINER_STATE))
+    def report_epoch(metrics: dict[str, Any], trainer: Trainer) -> None:
+        _report_with_files({**metrics, **node}, lambda folder: torch.save(trainer.state_dict(), folder / TRAINER_STATE))
 
-    final = trainer.final_record(length_edges)
+    final = train_and_evaluate(model_cfg, train_cfg, trainer.corpus, length_edges=length_edges,
+                               on_epoch=report_epoch, trainer=trainer)
+    if final[R.STATUS] == R.STATUS_DIVERGED:  # the optimised metric too, as a search needs it in every result
+        tune.report({**final, R.VAL_ACC: float("nan")})
+        return
     final.update(visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""), device=str(trainer.device),
                  started_at=started, ended_at=time.time(), **{R.EPOCH: trainer.epoch}, **node)
     _report_with_files(final, lambda folder: _write_final(folder, trainer, final))

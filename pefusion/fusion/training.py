@@ -1,7 +1,8 @@
 """Training and evaluation of one PE-fusion trial: epochs, early stopping, best-checkpoint restore, test metrics.
 
-`Trainer` is the unit a Ray Tune trainable drives (build, restore, step, report); `train_and_evaluate` is the
-same loop for scripts and tests. Both end in the SPEC §3 record, a plain dict keyed by `pefusion.record` names.
+`Trainer` is the unit of one trial (build, restore, step); `train_and_evaluate` is the one epoch loop, driven by
+the Ray Tune trainable (which reports each epoch through `on_epoch`), scripts and tests. It ends in the SPEC §3
+record, a plain dict keyed by `pefusion.record` names.
 
 Why a class with `state_dict()`: a Tune trial may be killed and resumed; the checkpoint carries the model, the
 optimiser, the early-stopping counters, the best weights and the RNG state, so a resumed trial continues

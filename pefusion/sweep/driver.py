@@ -2,9 +2,10 @@
 
 Every sweep of both studies runs through `run_sweep`, so what a sweep does at its end (and, later, on
 interruptions and failures) is decided here once. The engine knows neither study: a study's command line hands it
-a `StudySweep` (the trainable and what it is shipped, a per-point check, the search space, the params every child
-run records, how trials are named and identified, and for `--gpus-per-trial auto` a probe of its largest trial's
-GPU memory) and the `SweepOptions` of the flags every sweep shares.
+a `StudySweep` (`pefusion.sweep.study`: its MLflow experiment, the trainable and what it is shipped, a per-point
+check, the search space, its optimised metric, the params every child run records, how trials are named, identified
+and shown, and for `--gpus-per-trial auto` a probe of its largest trial's GPU memory) and the `SweepOptions` of the
+flags every sweep shares.
 
 A sweep ends the same way whatever the study: `<out>/<name>_<results_file>.csv` with one row per trial (failed
 ones with their error, never dropped), the tables the caller derives from those rows as `<name>_<key>.csv`, all
@@ -23,48 +24,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
 from pefusion import record as R
 from pefusion.errors import SweepInterrupted
-from pefusion.sweep.gpus import AUTO, GpuProbe, auto_packing
-from pefusion.sweep.space import SearchSpace, to_tune
+from pefusion.sweep.gpus import AUTO, auto_packing
 from pefusion.sweep.live import LiveSweep, result_rows
-from pefusion.sweep.tuner import SweepOptions, catching_errors, check_local_request, run_tune
-
-
-@dataclass(frozen=True)
-class StudySweep:
-    """What a study hands the engine for one sweep."""
-
-    sweep: str  # the command's name: arxiv_grid | lr_batch_asha | lambda_cv | phase_diagram
-    preset: str
-    space: SearchSpace
-    trainable: Callable[..., None]
-    # The trainable's keyword arguments, built after validation (loading a corpus can take minutes) and put in
-    # Ray's object store once for every trial (tune.with_parameters).
-    ship: Callable[[], Mapping[str, Any]]
-    check_point: Callable[[dict[str, Any]], None]  # a ConfigError for a trial config that cannot run
-    static_params: Mapping[str, Any]  # recorded on every child run beside its config
-    identity: Mapping[str, Any]  # values of the identity columns for trials whose config does not set them
-    sort_keys: Sequence[str]
-    run_name: Callable[[dict[str, Any]], str]
-    progress_metric: str  # shown for each trial in the progress lines (e.g. test_acc)
-    describe: Callable[[Mapping[str, Any]], str] = lambda shipped: ""  # printed before Ray starts
-    results_file: str = "results"
-    tables: Callable[[pd.DataFrame], Mapping[str, pd.DataFrame]] = lambda rows: {}
-    parent_metrics: Callable[[pd.DataFrame], Mapping[str, float]] = lambda rows: {}
-    # A search (ASHA, Optuna): metric and mode are set here once and reach both through TuneConfig.
-    metric: str | None = None
-    mode: str | None = None
-    scheduler: Any = None
-    search_alg: Any = None
-    num_samples: int = 1
-    # `--gpus-per-trial auto`: the largest trial's peak GPU memory among the space's points (`pefusion.sweep.gpus`);
-    # None: the study's trials never use a GPU, so auto means none.
-    gpu_probe: GpuProbe | None = None
+from pefusion.sweep.study import StudySweep
+from pefusion.sweep.tuner import SweepOptions, check_local_request, run_tune
 
 
 @dataclass
@@ -110,13 +78,7 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
     line = study.describe(shipped)
     if line:
         print(line, flush=True)
-    from ray import tune
-
-    trainable = tune.with_parameters(catching_errors(study.trainable), **shipped)
-    live, exp_path = run_tune(
-        trainable, to_tune(study.space), opts, preset=study.preset, static_params=study.static_params,
-        run_name=study.run_name, progress_metric=study.progress_metric, metric=study.metric, mode=study.mode,
-        scheduler=study.scheduler, search_alg=study.search_alg, num_samples=study.num_samples)
+    live, exp_path = run_tune(study, opts, shipped)
     recorder = live.recorder
     rows = pd.DataFrame(result_rows(live.trials))
     for key, value in study.identity.items():  # trials whose config does not vary the key

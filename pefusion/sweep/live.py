@@ -2,16 +2,18 @@
 ended (finished, failed, interrupted, pending), and the result rows built from that.
 
 Runs in the driver process only. MLflow writes go to the recorder's writer thread (`SweepRecorder.later`), so
-Tune's loop never waits on the tracking server; statuses follow SPEC §9 (`pefusion.record`).
+Tune's loop never waits on the tracking server; statuses follow SPEC §9 (`pefusion.record`). A result with an
+epoch and no status is an epoch: every number in it goes to MLflow's series of that name, listed nowhere.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ray import tune
 from ray.tune.experiment import Trial
@@ -22,6 +24,8 @@ from pefusion.sweep.tracking import SweepRecorder
 
 # Keys Ray adds to every result besides AUTO_RESULT_KEYS.
 RAY_EXTRA_KEYS = {"trial_id", "done", "should_checkpoint", "experiment_tag", "checkpoint_dir_name"}
+
+
 def _stored_epochs(trial: Trial) -> list[dict[str, Any]]:
     """The per-epoch results Ray stored for `trial` (its result.json, on any storage), oldest first."""
     try:
@@ -45,7 +49,12 @@ class LiveSweep:
     recorder: SweepRecorder
     static_params: Mapping[str, Any]
     run_name: Callable[[dict], str]
-    progress_metric: str | None = None
+    shown: Mapping[str, Callable[[float], str]] = field(default_factory=dict)  # `StudySweep.shown`
+    varying: Sequence[str] = ()  # the searched keys, which name a trial in the progress lines
+    labels: Mapping[str, str] = field(default_factory=dict)  # their short names
+    metric: str | None = None  # the optimised metric and mode, and where a stopped trial's best goes
+    mode: str | None = None
+    best_metric: str | None = None
     progress: bool = True
     every_s: float = 30.0
     total: int = 0
@@ -56,6 +65,8 @@ class LiveSweep:
     nodes: dict[str, str] = field(default_factory=dict)  # trial id -> the node its last result came from
     concluded: dict[str, str] = field(default_factory=dict)  # trial id -> final status, as Tune concluded them
     finished_here: int = 0  # trials that ended in this driver (the rate behind the time-left estimate)
+    epochs: dict[str, int] = field(default_factory=dict)  # trial id -> its last epoch reported to this driver
+    first_start: float | None = None  # when this driver saw its first trial start
     trials: list[dict[str, Any]] = field(default_factory=list)  # the end state: one dict per trial
     interrupted: bool = False
 
@@ -63,15 +74,16 @@ class LiveSweep:
     def start(self, trial: Trial) -> None:
         self.recorder.check_open()  # a store that cannot be used ends the sweep at the first event after it failed
         self.ran.add(trial.trial_id)
+        if self.first_start is None:
+            self.first_start = time.time()
         params = {**self.static_params, **trial.config}
         self.recorder.later(self.recorder.trial_run, trial.trial_id, params, self.run_name(trial.config))
         if trial.checkpoint is not None:  # resumed: epochs a lost write or a killed driver left out of MLflow
-            self.recorder.later(self._backfill, trial.trial_id, _stored_epochs(trial))
+            self.recorder.later(self._backfill, trial)  # reads Ray's stored results: off the driver thread
 
-    def _backfill(self, trial_id: str, epochs: list[dict[str, Any]]) -> None:
-        for result in epochs:
-            self.recorder.log_epoch(trial_id, int(result[R.EPOCH]),
-                                    {k: result[k] for k in R.EPOCH_METRICS if k in result})
+    def _backfill(self, trial: Trial) -> None:
+        for result in _stored_epochs(trial):
+            self.recorder.log_epoch(trial.trial_id, int(result[R.EPOCH]), record_only(result, trial.config))
 
     def result(self, trial: Trial, result: Mapping[str, Any]) -> None:
         self.recorder.check_open()
@@ -81,8 +93,9 @@ class LiveSweep:
             self.nodes[trial.trial_id] = result[R.NODE]
             self.recorder.later(self.recorder.tag_trial, trial.trial_id, {R.TAG_NODE: result[R.NODE]})
         if R.STATUS not in result and R.EPOCH in result:
+            self.epochs[trial.trial_id] = int(result[R.EPOCH])
             self.recorder.later(self.recorder.log_epoch, trial.trial_id, int(result[R.EPOCH]),
-                                {k: result[k] for k in R.EPOCH_METRICS if k in result})
+                                record_only(result, trial.config))
 
     def complete(self, trial: Trial, trials: list[Trial]) -> None:
         if trial.trial_id not in self.ran:
@@ -113,9 +126,28 @@ class LiveSweep:
         self.concluded[trial.trial_id] = str(final[R.STATUS])
         self.finished_here += 1
         if self.progress:
-            value = final.get(self.progress_metric) if self.progress_metric else None
-            shown = f"{self.progress_metric} {value:.4g}" if isinstance(value, (int, float)) else final[R.STATUS]
-            self.say(trials, f"{self.run_name(trial.config) or trial.trial_id} {final[R.STATUS]}: {shown}")
+            self.say(trials, f"{self.trial_name(trial)}: {self.outcome(final)}")
+
+    def trial_name(self, trial: Trial) -> str:
+        """The trial by what varies in the search, e.g. `lr 6.3e-3 batch 16` or `rope gate_scalar seed 0` (a
+        searched text value reads alone); the run name where nothing varies."""
+        parts = [_short(trial.config[k]) if isinstance(trial.config[k], str)
+                 else f"{self.labels.get(k, k)} {_short(trial.config[k])}" for k in self.varying if k in trial.config]
+        return " ".join(parts) or self.run_name(trial.config) or trial.trial_id
+
+    def outcome(self, final: Mapping[str, Any]) -> str:
+        """How a trial ended, e.g. `stopped at epoch 3, val 61.2 %`, `ok, test 63.1 %`, `error: ValueError: ...`."""
+        status = str(final[R.STATUS])
+        text = status
+        if status == R.STATUS_STOPPED and final.get(R.EPOCHS_RUN) is not None:
+            text += f" at epoch {final[R.EPOCHS_RUN]}"
+        if final.get(R.ERROR):
+            return f"{text}: {str(final[R.ERROR])[:120]}"
+        for key, show in self.shown.items():
+            value = final.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                return f"{text}, {show(value)}"
+        return text
 
     def first_step(self, trials: list[Trial]) -> None:
         if self.ended_before is None:
@@ -132,18 +164,29 @@ class LiveSweep:
         # Tune calls back before it marks the trial ended: count ends from what this driver saw
         over = set(self.concluded) | (self.ended_before or set())
         done = len(over)
-        running = sum(t.status == Trial.RUNNING and t.trial_id not in over for t in trials)
+        # Started in this driver and not over: Tune calls `on_trial_start` before it marks the trial RUNNING
+        running = [t.trial_id for t in trials if t.trial_id in self.ran and t.trial_id not in over
+                   and t.status in (Trial.RUNNING, Trial.PENDING)]
         failed = sum(s not in R.SUCCESS_STATUSES for s in self.concluded.values())
         elapsed = self.said_at - self.started_at
-        if n <= done:
-            left = "0s left"
-        elif self.finished_here:
-            left = f"~{_duration(elapsed / self.finished_here * (n - done))} left"
-        else:
-            left = "time left known after the first trial"
-        print(f"[{time.strftime('%H:%M:%S')}] {done}/{n} done ({failed} failed), {running} running, "
-              f"{n - done - running} pending; {_duration(elapsed)} elapsed, {left}"
+        print(f"[{time.strftime('%H:%M:%S')}] {done}/{n} done ({failed} failed), {len(running)} running, "
+              f"{n - done - len(running)} pending; {_duration(elapsed)} elapsed, {self.time_left(n, done, running)}"
               + (f"; {ended}" if ended else ""), flush=True)
+
+    def time_left(self, n: int, done: int, running: Sequence[str]) -> str:
+        """The trials left at the rate this driver has run them since its first trial started, counting the
+        epochs the running trials have done (a fraction of a trial each: their epochs over the mean of the
+        trials that ended here). Counting ended trials alone overestimated it by about the concurrency."""
+        if n <= done:
+            return "0s left"
+        ended = [self.epochs[t] for t in self.concluded if t in self.epochs]
+        per_trial = sum(ended) / len(ended) if ended else 0.0
+        partial = sum(min(self.epochs.get(t, 0) / per_trial, 0.9) for t in running) if per_trial else 0.0
+        work = self.finished_here + partial
+        if not work or self.first_start is None:
+            return "time left known after the first trial"
+        rate = work / max(self.said_at - self.first_start, 1e-9)  # trials per second
+        return f"~{_duration((n - done - partial) / rate)} left"
 
     def end(self, trials: list[Trial]) -> None:
         """Tune's last event: record how every trial ended; an interruption leaves some unfinished.
@@ -171,9 +214,15 @@ class LiveSweep:
                     self.recorder.later(self.recorder.interrupt_trial, trial.trial_id)
             snapshot.append({"trial_id": trial.trial_id, "config": dict(trial.config), "status": status,
                              "last_result": dict(trial.last_result or {}), "error": _error_text(trial)
-                             if trial.status == Trial.ERROR else "",
-                             "best_val_acc": trial.metric_analysis.get(R.VAL_ACC, {}).get("max")})
+                             if trial.status == Trial.ERROR else "", "best": self._best(trial)})
         self.trials = snapshot
+
+    def _best(self, trial: Trial) -> dict[str, Any]:
+        """A trial's best value of the optimised metric over its results, under the study's name for it."""
+        if not (self.metric and self.mode and self.best_metric):
+            return {}
+        return {self.metric: (trial.last_result or {}).get(self.metric),
+                self.best_metric: trial.metric_analysis.get(self.metric, {}).get(self.mode)}
 
     def _reconcile(self, trial: Trial) -> None:
         # Its run may be RUNNING (a driver killed mid-finish), or missing altogether (the writes queued for it
@@ -181,7 +230,7 @@ class LiveSweep:
         self.recorder.trial_run(trial.trial_id, {**self.static_params, **trial.config}, self.run_name(trial.config))
         if self.recorder.is_done(trial.trial_id):
             return
-        self._backfill(trial.trial_id, _stored_epochs(trial))
+        self._backfill(trial)
         if trial.status == Trial.TERMINATED:
             final = _final(trial)
             final.setdefault(R.STATUS, R.STATUS_STOPPED)
@@ -235,6 +284,14 @@ def _final(trial: Trial) -> dict[str, Any]:
             if k not in ("started_at", "ended_at")}
 
 
+def _short(value: Any) -> str:
+    """A searched value as a person reads it: 6.3e-3, 0.25, 16, rope."""
+    if isinstance(value, float) and value != 0 and not 1e-2 <= abs(value) < 1e4:
+        mantissa, exponent = f"{value:.1e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds < 60:
@@ -275,9 +332,8 @@ def result_rows(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row.update({R.STATUS: R.STATUS_ERROR, R.ERROR: error_summary(trial["error"])})
         elif R.STATUS in last:
             row.update(record_only(last, config))
-        else:  # stopped by the scheduler: its best epoch so far counts
-            row.update({R.STATUS: R.STATUS_STOPPED, R.ERROR: "", R.EPOCHS_RUN: last.get(R.EPOCH),
-                        R.VAL_ACC: last.get(R.VAL_ACC), R.BEST_VAL_ACC: trial["best_val_acc"]})
+        else:  # stopped by the scheduler: its last epoch's optimised metric and its best so far count
+            row.update({R.STATUS: R.STATUS_STOPPED, R.ERROR: "", R.EPOCHS_RUN: last.get(R.EPOCH), **trial["best"]})
         rows.append(row)
     return rows
 

@@ -1,4 +1,5 @@
-"""MLflow tracking for sweeps: one experiment per study, one parent run per sweep, one child run per trial.
+"""MLflow tracking for sweeps: one MLflow experiment per study (the study names it), one parent run per sweep, one
+child run per trial. Every number a trial reports per epoch becomes a series (step = epoch), whatever its name.
 
 Only the sweep driver talks to MLflow (`pefusion.sweep.live` forwards Tune's trial events here), so a sqlite
 store never sees concurrent writers and trials on cluster nodes need no route to the tracking server.
@@ -18,6 +19,7 @@ import functools
 import math
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,8 +37,6 @@ from pefusion.errors import ConfigError
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-PEFUSION_EXPERIMENT = "pe-fusion"
-STUDENT_EXPERIMENT = "student-attention"
 MLFLOW_PARAM_MAX = 6000  # MLflow's param value limit; longer values are cut, never rejected
 
 
@@ -79,8 +79,9 @@ def check_tracking(uri: str, timeout_s: float = 5.0) -> None:
                             f"use sqlite:///mlflow.db or an http:// server")
 
 
+@functools.cache
 def git_commit() -> str:
-    """The commit of the code that ran (empty outside a git checkout)."""
+    """The commit of the code that ran (empty outside a git checkout); asked once per driver (a subprocess)."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                              cwd=Path(__file__).resolve().parent)
@@ -99,8 +100,47 @@ def mlflow_client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def new_sqlite_store(uri: str) -> None:
+    """Create the sqlite store of `uri`, if it does not exist, as a copy of an empty store that MLflow created and
+    migrated once per MLflow version (kept in the pefusion cache).
+
+    Why: MLflow creates a store by running its whole schema migration history, seconds of CPU (13 s on a loaded
+    2-core machine) taken from the first trials as they start, in every new folder. The copy is what MLflow would
+    have made there: its Default experiment's artifact location is set to ./mlruns/0 of this folder, as MLflow
+    sets it. Never replaces a store another driver created meanwhile (`os.link` fails on an existing file).
+    """
+    path = Path(uri[len("sqlite:///"):])
+    if not uri.startswith("sqlite:///") or path.exists():
+        return
+    import sqlite3
+
+    import mlflow
+    from pefusion.data.cache import cache_root
+    from pefusion.data.config import DataConfig
+
+    template = cache_root(DataConfig()) / "mlflow" / f"empty-{mlflow.__version__}.db"
+    if not template.exists():
+        template.parent.mkdir(parents=True, exist_ok=True)
+        made = template.with_name(f"{template.name}.{os.getpid()}.{threading.get_ident()}")
+        mlflow_client(f"sqlite:///{made}").search_experiments()  # creates and migrates it
+        os.replace(made, template)
+    staged = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    shutil.copyfile(template, staged)
+    with sqlite3.connect(staged) as db:
+        now = int(time.time() * 1000)
+        db.execute("UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ? "
+                   "WHERE experiment_id = 0", (str(Path.cwd().resolve() / "mlruns" / "0"), now, now))
+    try:
+        os.link(staged, path)
+    except FileExistsError:
+        pass
+    finally:
+        staged.unlink()
+
+
 def ensure_experiment(uri: str, name: str) -> str:
     """The experiment's id; created on first use with artifacts in an absolute ./mlartifacts for local stores."""
+    new_sqlite_store(uri)
     client = mlflow_client(uri)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
@@ -234,6 +274,7 @@ class SweepRecorder:
         self._opened = threading.Event()
         self._runs: dict[str, str] = {}  # trial id -> run id
         self._last_step: dict[str, int] = {}  # run id -> last epoch logged (skip replays after resume)
+        self._series: dict[str, set[str]] = {}  # run id -> names of the metrics it has per epoch
         self._done: set[str] = set()  # run ids whose trial already finished (a resume re-reports them)
         self._writer: _Writer | None = None
         self.later(self._open, dict(tags or {}), announce)
@@ -269,7 +310,8 @@ class SweepRecorder:
                                               "parent_run_id", "open_error")}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _runs={}, _last_step={}, _done=set(), _writer=None, _opened=threading.Event())
+        self.__dict__.update(state, _runs={}, _last_step={}, _series={}, _done=set(), _writer=None,
+                             _opened=threading.Event())
         self._opened.set()
 
     @property
@@ -325,8 +367,11 @@ class SweepRecorder:
             missing = {k: v for k, v in params.items() if k not in found[0].data.params}
             if missing:
                 self._log_params(run_id, missing)
-            history = self.client.get_metric_history(run_id, R.VAL_ACC)
-            self._last_step[run_id] = max((m.step for m in history), default=0)
+            # Its series so far (epochs a previous driver logged): what to skip, and what the final record repeats.
+            steps = {key: [m.step for m in self.client.get_metric_history(run_id, key)]
+                     for key in found[0].data.metrics}
+            self._series[run_id] = {key for key, s in steps.items() if max(s, default=0) >= 1}
+            self._last_step[run_id] = max((max(s, default=0) for s in steps.values()), default=0)
             # Finished before a driver restart: leave it as it is. The status tag alone is not enough: a driver
             # killed inside `finish_trial` leaves the tag on a run still RUNNING, whose finish must be redone; an
             # interrupted trial's run is KILLED with the tag 'interrupted', and runs again now.
@@ -373,6 +418,7 @@ class SweepRecorder:
     def log_epoch(self, trial_id: str, step: int, metrics: Mapping[str, Any]) -> None:
         """Per-epoch metrics at step = epoch; an epoch replayed after a resume is not logged twice."""
         run_id = self._runs[trial_id]
+        self._series.setdefault(run_id, set()).update(_finite_metrics(metrics))
         if step <= self._last_step.get(run_id, 0):
             return
         self._log_metrics(run_id, metrics, step)
@@ -395,8 +441,9 @@ class SweepRecorder:
         if run_id in self._done:
             return
         status = str(record.get(R.STATUS, R.STATUS_OK))
-        self._log_metrics(run_id, {k: v for k, v in record.items() if k not in R.EPOCH_METRICS}, step)
-        self._log_final_val_acc(run_id, record)
+        series = self._series.get(run_id, set())
+        self._log_metrics(run_id, {k: v for k, v in record.items() if k not in series}, step)
+        self._log_final_series(run_id, {k: v for k, v in record.items() if k in series}, record)
         self.client.set_tag(run_id, R.TAG_STATUS, status)
         if record.get(R.ERROR):
             self.client.set_tag(run_id, R.TAG_ERROR, str(record[R.ERROR])[:5000])
@@ -405,27 +452,26 @@ class SweepRecorder:
         self.client.set_terminated(run_id, status="FINISHED" if status in R.SUCCESS_STATUSES else "FAILED")
         # Only now: the writer redoes a finish cut by an outage, and marked done before its writes the redo
         # returned at once (no final metrics, no checkpoint, the run left RUNNING). Redone, each write is kept
-        # once: the metrics are identical (`_log_metrics`), the final val_acc is guarded by its step.
+        # once: the metrics are identical (`_log_metrics`), the final values of series are guarded by their step.
         self._done.add(run_id)
 
-    def _log_final_val_acc(self, run_id: str, record: Mapping[str, Any]) -> None:
-        """The restored best checkpoint's `val_acc` once more, at step = epochs_run + 1.
+    def _log_final_series(self, run_id: str, final: Mapping[str, Any], record: Mapping[str, Any]) -> None:
+        """The final record's values of metrics the run has per epoch, once more at step = epochs_run + 1.
 
         Why: a run's value of a metric in MLflow (`get_run`, `search_runs`, the UI's run table) is the one logged
         at the largest step, ties broken by the latest timestamp (SqlAlchemyStore._update_latest_metrics_if_
-        necessary compares (step, timestamp, value)). The final metrics leave `val_acc` out (a per-epoch name),
-        and at their step 0 it would lose to the epochs anyway, so MLflow showed the last epoch's value while
-        the record, the CSV and the README promise the restored best checkpoint's (= best_val_acc). One step
-        past the last epoch it is the run's value, and the per-epoch series at steps 1..epochs_run stays as it
-        was. Only for 'ok' records: a scheduler-stopped trial restores nothing (its val_acc is its last
-        epoch's), a failed one has none.
+        necessary compares (step, timestamp, value)). A final value of a per-epoch metric (e.g. the validation
+        score of a restored best checkpoint) at step 0 would lose to the epochs, so MLflow showed the last
+        epoch's value while the record and the CSV hold the final one. One step past the last epoch it is the
+        run's value, and the series at steps 1..epochs_run stays as it was. Only for 'ok' records: a
+        scheduler-stopped trial restores nothing (its values are its last epoch's), a failed one has none.
         """
-        if record.get(R.STATUS) != R.STATUS_OK or R.VAL_ACC not in record or R.EPOCHS_RUN not in record:
+        if record.get(R.STATUS) != R.STATUS_OK or not final or R.EPOCHS_RUN not in record:
             return
         step = int(record[R.EPOCHS_RUN]) + 1
         if self._last_step.get(run_id, 0) >= step:  # logged by a driver killed inside this finish: don't repeat
             return
-        self._log_metrics(run_id, {R.VAL_ACC: record[R.VAL_ACC]}, step)
+        self._log_metrics(run_id, final, step)
         self._last_step[run_id] = step
 
     def log_parent_artifacts(self, paths: Iterable[Path], artifact_path: str = R.ARTIFACT_RESULTS_DIR) -> None:

@@ -2,13 +2,15 @@
 the Tuner (new or restored) under a SIGTERM that acts as Ctrl-C. What the driver sees of the running sweep
 (MLflow forwarding, progress, how each trial ended) is `pefusion.sweep.live`.
 
-`pefusion.sweep.driver.run_sweep` is the only caller of `run_tune`; it states *what* to search (a param space, a
-trainable, a scheduler) and this module does it the same way for every sweep. Current Ray API only:
+`pefusion.sweep.driver.run_sweep` is the only caller of `run_tune`; the study states *what* to search (a param
+space, a trainable, a scheduler: `pefusion.sweep.study.StudySweep`) and this module does it the same way for every
+sweep. Current Ray API only:
 `ray.tune.report`, `ray.tune.get_checkpoint`, `tune.Tuner`, `tune.TuneConfig`, `tune.RunConfig`,
 `tune.FailureConfig`, `tune.with_resources`, `tune.with_parameters`, `tune.Callback`.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -19,10 +21,11 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import ray
 from ray import tune
+from ray.tune.logger import JsonLoggerCallback
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
@@ -30,6 +33,8 @@ from pefusion.sweep import live
 from pefusion.sweep import console
 from pefusion.sweep.gpus import AUTO
 from pefusion.sweep.live import LiveSweep, TrialEvents, error_summary
+from pefusion.sweep.space import to_tune
+from pefusion.sweep.study import StudySweep, varying_keys
 from pefusion.sweep.tracking import SweepRecorder, TrackingError, check_tracking, resolve_tracking_uri
 
 # Persist Tune's experiment state at least every second, so a driver killed with SIGKILL loses (almost) no
@@ -48,7 +53,7 @@ class SweepOptions:
     """The flags every sweep script shares (see `pefusion.cli.flags.add_sweep_flags`)."""
 
     sweep: str  # arxiv_grid | lr_batch_asha | lambda_cv | phase_diagram
-    experiment: str
+    experiment: str | None = None  # the MLflow experiment (--experiment); None: the study's
     name: str | None = None
     storage_path: str = DEFAULT_STORAGE
     address: str | None = None  # None: a new local cluster; "auto": a running `ray start --head`
@@ -198,20 +203,18 @@ def catching_errors(trainable: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOptions, *, preset: str,
-             static_params: Mapping[str, Any] | None = None, run_name: Callable[[dict], str] = lambda cfg: "",
-             progress_metric: str | None = None, metric: str | None = None, mode: str | None = None,
-             scheduler: Any = None, search_alg: Any = None, num_samples: int = 1) -> tuple[LiveSweep, str]:
-    """Run (or resume) one sweep and return `(LiveSweep, experiment path)`: how every trial ended, the recorder
-    (its writes flushed), whether it was interrupted.
+def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) -> tuple[LiveSweep, str]:
+    """Run (or resume) one sweep of `study`, its trainable given `shipped`, and return `(LiveSweep, experiment
+    path)`: how every trial ended, the recorder (its writes flushed), whether it was interrupted.
 
-    `metric`/`mode` are given here once and reach the scheduler and the search algorithm through TuneConfig.
+    The study's `metric`/`mode` are given here once and reach the scheduler and the search algorithm through
+    TuneConfig.
     Must be called after every user input has been validated: from here on, problems are Ray's (the resource
     check below needs the cluster's nodes, and ends in one line like a bad flag).
     """
     uri = resolve_tracking_uri(opts.tracking_uri)
     check_tracking(uri)
-    name = opts.experiment_name(preset)
+    name = opts.experiment_name(study.preset)
     exp_path = f"{opts.storage_root().rstrip('/')}/{name}"
     if opts.resume and not opts.is_remote_storage and not Path(exp_path).is_dir():
         raise ConfigError(f"--resume: no experiment at {exp_path}")
@@ -229,24 +232,30 @@ def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOpt
     if dashboard and opts.verbose:
         print(f"Ray dashboard: {dashboard}  (token: `ray get-auth-token`)", flush=True)
     # Opened while Tune starts the trials' processes (both take seconds); a trial's first event waits for it.
-    recorder = SweepRecorder(uri, opts.experiment, opts.sweep, exp_path, wait=False, announce=True,
-                             tags={R.TAG_RAY_ADDRESS: opts.address or "local", R.TAG_COMMAND: opts.command, **opts.tags})
+    recorder = SweepRecorder(uri, opts.experiment or study.experiment, opts.sweep, exp_path, wait=False,
+                             announce=True, tags={R.TAG_RAY_ADDRESS: opts.address or "local",
+                                                  R.TAG_COMMAND: opts.command, **opts.tags})
 
-    sweep = live.begin(LiveSweep(recorder, dict(static_params or {}), run_name, progress_metric,
-                                 progress=opts.progress))
+    sweep = live.begin(LiveSweep(
+        recorder, dict(study.static_params), study.run_name, shown=study.shown, varying=varying_keys(study.space),
+        labels=study.labels, metric=study.metric, mode=study.mode, best_metric=study.best_metric,
+        progress=opts.progress))
+    trainable = tune.with_parameters(catching_errors(study.trainable), **shipped)
     wrapped = tune.with_resources(trainable, {"cpu": opts.cpus_per_trial, "gpu": opts.gpus_per_trial})
+    param_space = to_tune(study.space)
     if opts.resume:
         tuner = tune.Tuner.restore(exp_path, wrapped, resume_unfinished=True, resume_errored=False,
-                                   param_space=dict(param_space))
+                                   param_space=param_space)
     else:
         tuner = tune.Tuner(
-            wrapped, param_space=dict(param_space),
-            tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler, search_alg=search_alg,
-                                        num_samples=num_samples, max_concurrent_trials=opts.max_concurrent or None,
+            wrapped, param_space=param_space,
+            tune_config=tune.TuneConfig(metric=study.metric, mode=study.mode, scheduler=study.scheduler,
+                                        search_alg=study.search_alg, num_samples=study.num_samples,
+                                        max_concurrent_trials=opts.max_concurrent or None,
                                         reuse_actors=True),  # a fresh process costs ~5 s of imports
             run_config=tune.RunConfig(
                 name=name, storage_path=opts.storage_root(), verbose=0 if opts.verbose < 2 else 1,
-                callbacks=[TrialEvents()],
+                callbacks=[JsonLoggerCallback(), TrialEvents()],
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 failure_config=tune.FailureConfig(max_failures=opts.max_failures, fail_fast=False),
             ),
@@ -254,7 +263,7 @@ def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOpt
     if opts.verbose < 2:  # Tune's own interruption warnings name Tuner.restore; the driver prints the command
         for name in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis"):
             logging.getLogger(name).setLevel(logging.ERROR)
-    with _sigterm_as_ctrl_c():
+    with _sigterm_as_ctrl_c(), _json_logger_only():
         try:
             tuner.fit()
         except Exception:
@@ -264,6 +273,25 @@ def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOpt
     recorder.wait_open()  # a resumed sweep with nothing left to run never waited for it
     recorder.flush()
     return sweep, exp_path
+
+
+@contextlib.contextmanager
+def _json_logger_only() -> Iterator[None]:
+    """Tune without its default TensorBoard and CSV loggers, during one `fit`.
+
+    Why: they write every result on the driver's loop (an event file and a writer thread per trial, progress.csv),
+    and nothing here reads them. The JSON logger stays (`run_tune` passes it): a trial's result.json is what
+    --resume backfills MLflow from. Scoped to the fit: other Tune runs of the process keep Tune's defaults.
+    """
+    key, before = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS")
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 class _sigterm_as_ctrl_c:

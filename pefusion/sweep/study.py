@@ -1,0 +1,60 @@
+"""What a study hands the engine for one sweep (`StudySweep`), and what the engine reads off it.
+
+Everything study-specific lives here as data: the MLflow experiment, the trainable and what it is shipped, the
+search space, the optimised metric and mode, how a trial is named, identified and shown in the progress lines.
+The engine (`pefusion.sweep.driver`, `.tuner`, `.live`, `.tracking`) names no metric and no experiment of its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import pandas as pd
+
+from pefusion.sweep.gpus import GpuProbe
+from pefusion.sweep.space import Choice, Constant, Grid, SearchSpace
+
+
+@dataclass(frozen=True)
+class StudySweep:
+    """What a study hands the engine for one sweep."""
+
+    sweep: str  # the command's name: arxiv_grid | lr_batch_asha | lambda_cv | phase_diagram
+    preset: str
+    experiment: str  # the study's MLflow experiment (`--experiment` overrides it)
+    space: SearchSpace
+    trainable: Callable[..., None]
+    # The trainable's keyword arguments, built after validation (loading a corpus can take minutes) and put in
+    # Ray's object store once for every trial (tune.with_parameters).
+    ship: Callable[[], Mapping[str, Any]]
+    check_point: Callable[[dict[str, Any]], None]  # a ConfigError for a trial config that cannot run
+    static_params: Mapping[str, Any]  # recorded on every child run beside its config
+    identity: Mapping[str, Any]  # values of the identity columns for trials whose config does not set them
+    sort_keys: Sequence[str]
+    run_name: Callable[[dict[str, Any]], str]
+    # The progress line of a trial that ended shows the first of these record keys it has, formatted, e.g.
+    # {TEST_ACC: lambda v: f"test {100 * v:.1f} %", ...}: a trial the scheduler stopped has no test accuracy.
+    shown: Mapping[str, Callable[[float], str]] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)  # short names of searched keys in progress lines
+    describe: Callable[[Mapping[str, Any]], str] = lambda shipped: ""  # printed before Ray starts
+    results_file: str = "results"
+    tables: Callable[[pd.DataFrame], Mapping[str, pd.DataFrame]] = lambda rows: {}
+    parent_metrics: Callable[[pd.DataFrame], Mapping[str, float]] = lambda rows: {}
+    # A search (ASHA, Optuna): metric and mode are set here once and reach both through TuneConfig. A trial the
+    # scheduler stops has no final record of its own: its row holds its last epoch's `metric` and, under
+    # `best_metric`, the best value of `metric` over its epochs.
+    metric: str | None = None
+    mode: str | None = None
+    best_metric: str | None = None
+    scheduler: Any = None
+    search_alg: Any = None
+    num_samples: int = 1
+    # `--gpus-per-trial auto`: the largest trial's peak GPU memory among the space's points (`pefusion.sweep.gpus`);
+    # None: the study's trials never use a GPU, so auto means none.
+    gpu_probe: GpuProbe | None = None
+
+
+def varying_keys(space: SearchSpace) -> list[str]:
+    """The keys whose value differs between trials (what names a trial in the progress lines), in file order."""
+    return [key for key, dim in space.items() if not isinstance(dim, Constant)
+            and not (isinstance(dim, (Grid, Choice)) and len(set(map(repr, dim.values))) == 1)]
