@@ -29,6 +29,7 @@ from pefusion.errors import ConfigError
 from pefusion.sweep import live
 from pefusion.sweep.gpus import AUTO
 from pefusion.sweep.live import LiveSweep, TrialEvents, error_summary
+from pefusion.sweep.search import checkpoints_to_keep
 from pefusion.sweep.tracking import SweepRecorder, TrackingError, check_tracking, resolve_tracking_uri
 
 # Persist Tune's experiment state at least every second, so a driver killed with SIGKILL loses (almost) no
@@ -245,7 +246,7 @@ def run_tune(trainable: Callable, param_space: Mapping[str, Any], opts: SweepOpt
             run_config=tune.RunConfig(
                 name=name, storage_path=opts.storage_root(), verbose=0 if opts.verbose < 2 else 1,
                 callbacks=[TrialEvents()],
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints_to_keep(scheduler)),
                 failure_config=tune.FailureConfig(max_failures=opts.max_failures, fail_fast=False),
             ),
         )
