@@ -94,7 +94,10 @@ def test_lambda_search_finds_the_grid_cvs_lambda_star(local_ray, in_tmp, capsys)
     """`lambda_cv.py --search optuna` at one point: λ* is the best trial's λ, in the grid CV's minimum's cell, with a
     CV error no worse than the grid's best; its CV error is the K-fold CV error at that λ."""
     from pefusion.student.config import STUDENT_PRESETS, StudentConfig, lam_grid, smoke_student
+    from mlflow.tracking import MlflowClient
+
     from pefusion.student.cv import run_cv_point
+    from pefusion.sweep.tracking import resolve_tracking_uri
 
     smoke = smoke_student(STUDENT_PRESETS["paper"])
     point = StudentConfig(**{**smoke.point, "alpha": 0.5, "init": "semantic", "seed": 0, "omega": 0.3, "sigma": 0.5})
@@ -119,6 +122,10 @@ def test_lambda_search_finds_the_grid_cvs_lambda_star(local_ray, in_tmp, capsys)
     assert best[R.CV_ERROR_MEAN] == pytest.approx(again[R.CV_CURVE][0][R.CV_ERROR_MEAN], rel=1e-5)
     assert best[R.EPS_G] == pytest.approx(again[R.EPS_G], rel=1e-5)
     assert f"lambda* = {lam_star:.4g}" in capsys.readouterr().out
+    client = MlflowClient(resolve_tracking_uri())
+    (parent,) = client.search_runs([client.get_experiment_by_name("student-attention").experiment_id],
+                                   f"tags.`{R.TAG_ROLE}` = 'sweep'")
+    assert parent.data.metrics[R.LAMBDA_STAR] == pytest.approx(lam_star)
 
 
 def test_hyperband_lets_a_full_budget_trial_deliver_its_final_record(local_ray, in_tmp, cache_dir, capsys):

@@ -81,7 +81,7 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, argv: Sequence[str] 
 
 def lambda_search_space(space: SearchSpace, preset: StudentPreset, search: str) -> SearchSpace:
     """The λ search's space: the space's one point (every key one value), `lam` sampled over the file's range or
-    loguniform over [lam_grid_min, lam_grid_max], and the number of folds; the grid's size is the search's."""
+    loguniform over [lam_grid_min, lam_grid_max], and the number of folds (`--num-samples` replaces lam_grid_n)."""
     dims: dict = {}
     for key, dim in space.items():
         if key in ("lam_grid_min", "lam_grid_max", "lam_grid_n"):
@@ -124,9 +124,8 @@ def run_lambda_search(args: argparse.Namespace, preset: StudentPreset, space: Se
         run_name=lambda cfg: f"{student_run_name(cfg)}-lam{cfg[R.LAMBDA]:.3g}", progress_metric=R.CV_ERROR_MEAN,
         describe=lambda shipped: f"{plan.num_samples} lambdas ({args.search} search, preset {args.preset})",
         tables=lambda rows: {"lambda_star": best(rows)},
-        parent_metrics=lambda rows: ({R.LAMBDA_STAR: float(best(rows)[R.LAMBDA_STAR].iloc[0]),
-                                      R.CV_ERROR_MEAN: float(best(rows)[R.CV_ERROR_MEAN].iloc[0])}
-                                     if len(best(rows)) else {}),
+        parent_metrics=lambda rows: {k: float(best(rows)[k].iloc[0]) for k in (R.LAMBDA_STAR, R.CV_ERROR_MEAN)
+                                     if len(best(rows))},
         **build(plan, objective, space))
     result = run_sweep(study, sweep_options(args, "lambda_cv", argv), args.out)
     rows, top = result.rows, best(result.rows)
