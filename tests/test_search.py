@@ -43,6 +43,8 @@ def space(**dims):
     (SearchPlan(scheduler="asha"), ONCE, {"lr": LR}, "--scheduler asha acts between .* report once: use --scheduler fifo"),
     (SearchPlan(scheduler="hyperband"), ONCE, {"lr": LR}, "--scheduler hyperband .* use --scheduler fifo"),
     (SearchPlan(scheduler="asha", max_t=4, reduction_factor=1), PER_EPOCH, {"lr": LR}, "--reduction-factor > 1"),
+    (SearchPlan(scheduler="hyperband", max_t=4), dataclasses.replace(PER_EPOCH, checkpoints=False), {"lr": LR},
+     "--scheduler hyperband pauses trials .* use --scheduler asha"),
     (SearchPlan(scheduler="pbt"), dataclasses.replace(PER_EPOCH, checkpoints=False), {"lr": LR},
      "--scheduler pbt restarts trials .* does not restore"),
     (SearchPlan(scheduler="pbt", search="optuna"), PER_EPOCH, {"lr": LR}, "pbt .* use --search random"),

@@ -94,6 +94,9 @@ def check(plan: SearchPlan, objective: Objective, space: SearchSpace) -> None:
             raise ConfigError(f"--max-t={plan.max_t} must be >= 1")
         if plan.grace_period < 1 or plan.reduction_factor <= 1:
             raise ConfigError("--grace-period must be >= 1 and --reduction-factor > 1")
+    if plan.scheduler == "hyperband" and not objective.checkpoints:
+        raise ConfigError("--scheduler hyperband pauses trials at each rung and resumes them from their checkpoint, "
+                          "and this sweep's trainable does not restore from one: use --scheduler asha")
     if plan.scheduler == "pbt":
         _check_pbt(plan, objective, space, sampled)
 
