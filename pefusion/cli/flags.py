@@ -131,6 +131,41 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_
                    help="no progress lines (default: one as each trial ends and every 30 s)")
 
 
+def add_search_flags(parser: argparse.ArgumentParser, *, searches: Sequence[str], schedulers: Sequence[str] = (),
+                     default_search: str, default_samples: int) -> None:
+    """--search and its sample count and seed; with `schedulers`, --scheduler and its budget flags. The names and
+    their rules are `pefusion.sweep.search`'s; a combination that cannot run is refused there, before Ray starts."""
+    g = parser.add_argument_group("search")
+    g.add_argument("--search", choices=tuple(searches), default=default_search,
+                   help=f"search algorithm (default: {default_search}); grid: every grid value once; random: Ray's "
+                        f"sampler; optuna: Optuna's TPE; cmaes: Optuna's CMA-ES (numeric ranges only)")
+    g.add_argument("--num-samples", type=int, default=None,
+                   help=f"configurations to try (default: {default_samples}; 1 with --search grid)")
+    g.add_argument("--sampler-seed", type=int, default=0, help="Optuna's sampler seed, TPE or CMA-ES (default: 0)")
+    parser.set_defaults(default_num_samples=default_samples)
+    if not schedulers:
+        return
+    g.add_argument("--scheduler", choices=tuple(schedulers), default=schedulers[0],
+                   help="asha: early stopping over epochs; fifo: every sample runs --max-t epochs; hyperband: "
+                        "synchronous successive halving; pbt: population-based training (mutates sampled keys)")
+    g.add_argument("--max-t", type=int, default=None, help="maximum epochs per trial (default: the preset's)")
+    g.add_argument("--grace-period", type=int, default=1, help="ASHA: epochs before a trial can be stopped")
+    g.add_argument("--reduction-factor", type=float, default=3.0, help="ASHA: keep 1/η of trials per rung")
+    g.add_argument("--perturbation-interval", type=int, default=2, help="PBT: epochs between perturbations")
+
+
+def search_plan(args: argparse.Namespace, max_t: int = 1):
+    """The `SearchPlan` of the flags `add_search_flags` added (`max_t`: the epoch budget the sweep resolved)."""
+    from pefusion.sweep.search import SearchPlan
+
+    samples = args.num_samples if args.num_samples is not None else (
+        1 if args.search == "grid" else args.default_num_samples)
+    return SearchPlan(search=args.search, scheduler=getattr(args, "scheduler", "fifo"), num_samples=samples,
+                      max_t=max_t, grace_period=getattr(args, "grace_period", 1),
+                      reduction_factor=getattr(args, "reduction_factor", 3.0), sampler_seed=args.sampler_seed,
+                      perturbation_interval=getattr(args, "perturbation_interval", 2))
+
+
 def gpus_per_trial(text: str) -> float | str:
     """The value of --gpus-per-trial: a number, or 'auto'. Parsed here rather than by argparse so that a bad value
     ends in one line like every other user error (argparse would print its usage first)."""

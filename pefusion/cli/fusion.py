@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from pefusion import record as R
-from pefusion.cli.flags import search_space_path, sweep_options
+from pefusion.cli.flags import search_plan, search_space_path, sweep_options
 from pefusion.data.config import TOKENIZER_KEYS, DataConfig
 from pefusion.data.encoded import EncodedCorpus
 from pefusion.data.corpus import load_corpus
@@ -23,8 +23,8 @@ from pefusion.fusion.probe import largest_trial_peak
 from pefusion.fusion.trainable import check_trial_config, pefusion_trainable, trial_run_name
 from pefusion.sweep.driver import run_sweep
 from pefusion.sweep.study import StudySweep
-from pefusion.sweep.space import (Choice, Constant, Grid, SearchSpace, SearchSpaceError, grid_size, load_search_space,
-                                  require_no_grid)
+from pefusion.sweep.space import (Choice, Constant, Grid, SearchSpace, SearchSpaceError, grid_size,
+                                  load_search_space)
 
 
 def resolve_preset(args: argparse.Namespace) -> Preset:
@@ -134,39 +134,29 @@ def run_arxiv_grid(args: argparse.Namespace, argv: Sequence[str] | None = None) 
 
 
 def run_lr_batch_asha(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
-    """A learning-rate × batch-size search under ASHA (or FIFO), randomly or with Optuna's TPE."""
-    if args.num_samples < 1:
-        raise ConfigError(f"--num-samples={args.num_samples} must be >= 1")
-    if args.grace_period < 1 or args.reduction_factor <= 1:
-        raise ConfigError("--grace-period must be >= 1 and --reduction-factor > 1")
+    """A learning-rate × batch-size search under a scheduler (ASHA by default) with a search algorithm (random by
+    default), both by name (`pefusion.sweep.search`)."""
+    from pefusion.sweep.search import Objective, build, check
+
     preset = resolve_preset(args)
     if args.max_t is not None and args.max_t < 1:
         raise ConfigError(f"--max-t={args.max_t} must be >= 1")
     max_t = args.max_t or preset.train.max_epochs
+    plan = search_plan(args, max_t)
     preset = dataclasses.replace(preset, train=dataclasses.replace(preset.train, max_epochs=max_t,
                                                                    early_stopping=False))
     space = _load_space(args, preset)
-    if args.search == "optuna":
-        require_no_grid(space, "Optuna samples its own points")
-
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    # The trainer restores from its per-epoch checkpoint and then runs its new config's optimiser and batch
+    # settings (PBT mutates them); the model's shape and the data are fixed by the restored weights.
+    objective = Objective(metric=R.OPTIMISED_METRIC, mode=R.OPTIMISED_MODE, time_attr=R.EPOCH, checkpoints=True,
+                          perturbable=("lr", "weight_decay", "batch_size", "dropout", "label_smoothing",
+                                       "grad_clip"))
+    check(plan, objective, space)
 
     from pefusion.analysis.search import budget_summary
 
-    # ASHA stops any trial whose report reaches max_t; one epoch of headroom lets a trial that trained the whole
-    # budget deliver its final (test) record, which follows its last epoch report.
-    scheduler = (ASHAScheduler(time_attr=R.EPOCH, max_t=max_t + 1, grace_period=min(args.grace_period, max_t),
-                               reduction_factor=args.reduction_factor)
-                 if args.scheduler == "asha" else FIFOScheduler())
-    search_alg = None
-    if args.search == "optuna":
-        import optuna
-        from ray.tune.search.optuna import OptunaSearch
-
-        search_alg = OptunaSearch(sampler=optuna.samplers.TPESampler(seed=args.sampler_seed))
     study = pefusion_study("lr_batch_asha", args.preset, preset, space, args.cpus_per_trial,
-                           metric=R.OPTIMISED_METRIC, mode=R.OPTIMISED_MODE, scheduler=scheduler,
-                           search_alg=search_alg, num_samples=args.num_samples)
+                           **build(plan, objective, space))
     study = dataclasses.replace(study, parent_metrics=lambda rows: budget_summary(rows, max_t))
     options = sweep_options(args, "lr_batch_asha", argv)
     options.tags[R.TAG_SCHEDULER] = args.scheduler  # the report names who spent the epoch budget
@@ -179,9 +169,10 @@ def run_lr_batch_asha(args: argparse.Namespace, argv: Sequence[str] | None = Non
         keys = [k for k in space if k in rows.columns]
         print("best configuration: " + ", ".join(f"{k}={best[k]}" for k in keys)
               + f"  ({R.VAL_ACC}={best[R.VAL_ACC]:.4f}, {int(best[R.EPOCHS_RUN])} epochs)")
+    stopper = "HyperBand" if args.scheduler == "hyperband" else "ASHA"  # fifo and pbt stop none: the line stays
     print(f"epochs trained: {summary[R.EPOCHS_TRAINED]:.0f} of {summary[R.EPOCHS_FULL_BUDGET]:.0f} without early "
-          f"stopping ({100 * summary[R.BUDGET_FRACTION]:.1f}%); {summary[R.N_STOPPED]:.0f} trials stopped by ASHA, "
-          f"{summary['n_failed']:.0f} failed")
+          f"stopping ({100 * summary[R.BUDGET_FRACTION]:.1f}%); {summary[R.N_STOPPED]:.0f} trials stopped by "
+          f"{stopper}, {summary['n_failed']:.0f} failed")
     print(f"results: {', '.join(map(str, result.paths))}\nRay experiment: {result.experiment_path}")
     return 0
 

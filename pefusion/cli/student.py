@@ -10,12 +10,15 @@ from typing import Sequence
 import pandas as pd
 
 from pefusion import record as R
-from pefusion.cli.flags import add_preset_flag, add_sweep_flags, csv_list, search_space_path, sweep_options
+from pefusion.cli.flags import (add_preset_flag, add_search_flags, add_sweep_flags, csv_list, search_plan,
+                                search_space_path, sweep_options)
 from pefusion.errors import ConfigError
 from pefusion.student.config import CV_KEYS, RULES, STUDENT_PRESETS, StudentPreset, point_config, smoke_student
-from pefusion.student.trainable import lambda_cv_trainable, phase_trainable, student_run_name
+from pefusion.student.trainable import lambda_cv_trainable, lambda_trial_trainable, phase_trainable, student_run_name
 from pefusion.sweep.driver import run_sweep
-from pefusion.sweep.space import Constant, SearchSpace, grid_size, load_search_space
+from pefusion.sweep.search import Objective, build, check
+from pefusion.sweep.space import (Choice, Constant, Grid, LogUniform, SearchSpace, SearchSpaceError, grid_size,
+                                  load_search_space, parse_search_space)
 from pefusion.sweep.study import StudySweep
 
 TRAINABLES = {"lambda_cv": lambda_cv_trainable, "phase_diagram": phase_trainable}
@@ -31,6 +34,9 @@ def add_student_flags(parser: argparse.ArgumentParser, sweep: str) -> None:
         parser.add_argument(flag, type=csv_list(kind), help=f"narrow the {what} grid, e.g. {flag} {example}")
     parser.add_argument("--d", type=int, help="embedding dimension (default: the preset's)")
     parser.add_argument("--iters", type=int, help="optimiser iterations (default: the preset's)")
+    if sweep == "lambda_cv":  # the phase diagram optimises nothing: a grid of points, both inits at each
+        add_search_flags(parser, searches=("grid", "random", "optuna", "cmaes"), default_search="grid",
+                         default_samples=12)
     add_sweep_flags(parser, experiment=R.STUDENT_EXPERIMENT, search_space=f"{sweep}.yaml")
 
 
@@ -52,6 +58,10 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, argv: Sequence[str] 
                 space = space.override(key, Constant(preset.cv[key]))
     if sweep == "phase_diagram" and R.INIT in space:
         raise ConfigError("init: a phase-diagram trial fits both initialisations; remove 'init' from the space")
+    if getattr(args, "search", "grid") != "grid":
+        return run_lambda_search(args, preset, space, argv)
+    if sweep == "lambda_cv":  # grid CV inside each trial; the points are a grid, run once each
+        check(search_plan(args), Objective(metric=None), space)
 
     study = student_study(sweep, args.preset, preset, space, args.cpus_per_trial)
     result = run_sweep(study, sweep_options(args, sweep, argv), args.out)
@@ -75,6 +85,69 @@ def student_study(sweep: str, preset_name: str, preset: StudentPreset, space: Se
         identity=preset.point, sort_keys=(R.OMEGA, R.ALPHA, R.INIT, R.SEED), run_name=student_run_name,
         shown={shown: lambda v: f"{shown} {v:.4g}"},
         describe=lambda shipped: f"{grid_size(space)} points ({sweep}, preset {preset_name})")
+
+
+def lambda_search_space(space: SearchSpace, preset: StudentPreset, search: str) -> SearchSpace:
+    """The λ search's space: the space's one point (every key one value), `lam` sampled over the file's range or
+    loguniform over [lam_grid_min, lam_grid_max], and the number of folds (`--num-samples` replaces lam_grid_n)."""
+    dims: dict = {}
+    for key, dim in space.items():
+        if key in ("lam_grid_min", "lam_grid_max", "lam_grid_n"):
+            continue
+        if isinstance(dim, (Grid, Choice)) and len(dim.values) == 1:
+            dim = Constant(dim.values[0])
+        if key != R.LAMBDA and not isinstance(dim, Constant):
+            n = f"{len(dim.values)} values" if isinstance(dim, (Grid, Choice)) else "a range"
+            raise SearchSpaceError(f"{space.source}: {key}: --search {search} searches lambda at one point and {key} "
+                                   f"takes {n}; narrow it (--alphas, --omegas, --seeds, --inits) or make it a "
+                                   f"constant")
+        dims[key] = dim
+    if isinstance(dims.get(R.LAMBDA), Constant):
+        raise SearchSpaceError(f"{space.source}: {R.LAMBDA}: --search {search} samples lambda; give it a range "
+                               f"(lam: {{loguniform: [1e-4, 1]}}) or leave it out")
+    if R.LAMBDA not in dims:
+        cv = {**preset.cv, **{k: d.value for k, d in space.items() if k in CV_KEYS and isinstance(d, Constant)}}
+        dims[R.LAMBDA] = LogUniform(cv["lam_grid_min"], cv["lam_grid_max"])
+    return parse_search_space(dims, space.rules, space.source)
+
+
+def run_lambda_search(args: argparse.Namespace, preset: StudentPreset, space: SearchSpace,
+                      argv: Sequence[str] | None = None) -> int:
+    """`lambda_cv --search random|optuna|cmaes`: at one point, each trial is one λ's K-fold CV error and the
+    search minimises it; λ* is the best trial's λ, and that trial's refit is the point's result."""
+    space = lambda_search_space(space, preset, args.search)
+    plan = search_plan(args)
+    objective = Objective(metric=R.CV_ERROR_MEAN, mode="min")
+    check(plan, objective, space)
+
+    def best(rows: pd.DataFrame) -> pd.DataFrame:
+        ok = rows[rows[R.STATUS] == R.STATUS_OK].dropna(subset=[R.CV_ERROR_MEAN])
+        return ok.loc[[ok[R.CV_ERROR_MEAN].idxmin()]].rename(columns={R.LAMBDA: R.LAMBDA_STAR}) if len(ok) else ok
+
+    study = StudySweep(
+        sweep="lambda_cv", preset=args.preset, experiment=R.STUDENT_EXPERIMENT, space=space,
+        trainable=lambda_trial_trainable,
+        ship=lambda: {"preset": preset, "cpus": args.cpus_per_trial},
+        check_point=lambda point: point_config(point, preset),
+        static_params={**preset.point, "folds": preset.cv["folds"]}, identity=preset.point, sort_keys=(R.LAMBDA,),
+        run_name=lambda cfg: f"{student_run_name(cfg)}-lam{cfg[R.LAMBDA]:.3g}",
+        shown={R.CV_ERROR_MEAN: lambda v: f"cv error {v:.4g}"},
+        describe=lambda shipped: f"{plan.num_samples} lambdas ({args.search} search, preset {args.preset})",
+        tables=lambda rows: {"lambda_star": best(rows)},
+        parent_metrics=lambda rows: {k: float(best(rows)[k].iloc[0]) for k in (R.LAMBDA_STAR, R.CV_ERROR_MEAN)
+                                     if len(best(rows))},
+        **build(plan, objective, space))
+    result = run_sweep(study, sweep_options(args, "lambda_cv", argv), args.out)
+    rows, top = result.rows, best(result.rows)
+    cols = [c for c in (R.LAMBDA, R.CV_ERROR_MEAN, R.CV_ERROR_STD, R.EPS_G, R.EPS_T, R.STATUS) if c in rows]
+    with pd.option_context("display.width", 160, "display.max_rows", 400, "display.float_format", "{:.4g}".format):
+        print(rows[cols].to_string(index=False))
+    if len(top):
+        t = top.iloc[0]
+        print(f"lambda* = {t[R.LAMBDA_STAR]:.4g} (cv_error_mean {t[R.CV_ERROR_MEAN]:.4g}, the best of "
+              f"{len(rows)} trials); refit there: eps_g {t[R.EPS_G]:.4g}, eps_t {t[R.EPS_T]:.4g}")
+    print(f"results: {', '.join(map(str, result.paths))}\nRay experiment: {result.experiment_path}")
+    return 0
 
 
 def student_summary(rows: pd.DataFrame) -> str:

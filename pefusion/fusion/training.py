@@ -117,6 +117,8 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:  # this trial's config wins: PBT restores with a mutated lr
+            group["lr"], group["weight_decay"] = self.train_cfg.lr, self.train_cfg.weight_decay
         for key in ("epoch", "best_val_acc", "best_epoch", "best_state", "bad_epochs", "train_time_s", "history"):
             setattr(self, key, state[key])
         torch.set_rng_state(state["torch_rng"])

@@ -62,3 +62,14 @@ def student_run_name(config: dict[str, Any]) -> str:
     parts = [f"a{config[R.ALPHA]:.3g}" if R.ALPHA in config else "", f"w{config[R.OMEGA]:g}" if R.OMEGA in config
              else "", str(config.get(R.INIT, "")), f"s{config.get(R.SEED, 0)}"]
     return "-".join(p for p in parts if p)
+
+
+def lambda_trial_trainable(config: dict[str, Any], *, preset: StudentPreset, cpus: float) -> None:
+    """One λ of a λ search at a fixed point: the K-fold CV error at the config's `lam` (what the search
+    minimises, `cv_error_mean`) and the refit at that λ on all n samples, in one report."""
+    torch.set_num_threads(max(1, int(cpus)))
+    point, _, folds = point_config(config, preset)
+    result = run_cv_point(point, (point.lam,), folds)
+    (score,) = result.pop(R.CV_CURVE)  # this λ's CV error; λ* is the search's, not a trial's
+    del result[R.LAMBDA_STAR]
+    tune.report(with_status(_with_node({**result, **score})))

@@ -35,6 +35,7 @@ from pefusion.sweep.gpus import AUTO
 from pefusion.sweep.live import LiveSweep, TrialEvents, error_summary
 from pefusion.sweep.space import to_tune
 from pefusion.sweep.study import StudySweep, varying_keys
+from pefusion.sweep.search import checkpoints_to_keep
 from pefusion.sweep.tracking import SweepRecorder, TrackingError, check_tracking, resolve_tracking_uri
 
 # Persist Tune's experiment state at least every second, so a driver killed with SIGKILL loses (almost) no
@@ -256,7 +257,7 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
             run_config=tune.RunConfig(
                 name=name, storage_path=opts.storage_root(), verbose=0 if opts.verbose < 2 else 1,
                 callbacks=[JsonLoggerCallback(), TrialEvents()],
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints_to_keep(study.scheduler)),
                 failure_config=tune.FailureConfig(max_failures=opts.max_failures, fail_fast=False),
             ),
         )
