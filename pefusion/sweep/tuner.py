@@ -185,8 +185,9 @@ def check_resources(opts: SweepOptions, nodes: list[Mapping[str, float]]) -> Non
         raise ConfigError(why + ("" if not opts.address else " (pass --autoscaling if the cluster adds nodes)"))
 
 
-def catching_errors(trainable: Callable[..., None]) -> Callable[..., None]:
-    """The trainable with its own exceptions recorded as the trial's result (status 'error', the error's line).
+def catching_errors(trainable: Callable[..., None], metric: str | None = None) -> Callable[..., None]:
+    """The trainable with its own exceptions recorded as the trial's result (status 'error', the error's line;
+    a search's `metric` as NaN, since Tune refuses a result without the metric it optimises).
 
     Why: an exception of the trial's code is a bug that a retry would only repeat, so it is reported once and
     the trial ends; Ray's retries (`--max-failures`) are left for processes and nodes that were lost. Ray's own
@@ -200,7 +201,8 @@ def catching_errors(trainable: Callable[..., None]) -> Callable[..., None]:
             raise
         except Exception as exc:  # noqa: BLE001
             traceback.print_exc()  # the whole traceback in the trial's log; the record keeps its last line
-            tune.report({R.STATUS: R.STATUS_ERROR, R.ERROR: error_summary(f"{type(exc).__name__}: {exc}")})
+            record = {R.STATUS: R.STATUS_ERROR, R.ERROR: error_summary(f"{type(exc).__name__}: {exc}")}
+            tune.report({**record, metric: float("nan")} if metric else record)
     return run
 
 
@@ -241,7 +243,7 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
         recorder, dict(study.static_params), study.run_name, shown=study.shown, varying=varying_keys(study.space),
         labels=study.labels, metric=study.metric, mode=study.mode, best_metric=study.best_metric,
         progress=opts.progress))
-    trainable = tune.with_parameters(catching_errors(study.trainable), **shipped)
+    trainable = tune.with_parameters(catching_errors(study.trainable, study.metric), **shipped)
     wrapped = tune.with_resources(trainable, {"cpu": opts.cpus_per_trial, "gpu": opts.gpus_per_trial})
     param_space = to_tune(study.space)
     if opts.resume:
