@@ -112,10 +112,11 @@ def run_search(args: argparse.Namespace, preset: Preset, space: dict[str, Any],
     wall = time.perf_counter() - start
     rows = pd.read_csv(workdir / "results" / f"{RUN_NAME}_results_by_seed.csv")
     done = rows[rows[R.STATUS] == R.STATUS_OK]
-    best = done.loc[done[R.BEST_VAL_ACC].idxmax()]
+    best = done.loc[done[R.BEST_VAL_ACC + "_pct"].idxmax()]  # the CSV's accuracies are in percent
     searched = [k for k in space if isinstance(space[k], dict)]
     row = {"run": "(a) search", "setting": ", ".join(f"{k}={_short(best[k])}" for k in searched),
-           "test_acc": float(best[R.TEST_ACC]), "best_val_acc": float(best[R.BEST_VAL_ACC]), "wall_s": wall,
+           "test_acc": float(best[R.TEST_ACC + "_pct"]) / 100,
+           "best_val_acc": float(best[R.BEST_VAL_ACC + "_pct"]) / 100, "wall_s": wall,
            "epochs": int(rows[R.EPOCHS_RUN].sum()), "trials": len(rows), "completed": len(done),
            "config": {k: _plain(best[k]) for k in space if k in best}}
     return row, _completed_curves(workdir / "ray" / RUN_NAME, preset.train.max_epochs)

@@ -354,8 +354,10 @@ def test_mlflow_child_runs_hold_the_csv_values_and_the_parent_its_provenance(bes
     for run in sweep.children:
         row, metrics = rows.loc[run.data.tags[R.TAG_TRIAL_ID]], run.data.metrics
         assert run.info.status == "FINISHED" and row[R.STATUS] == R.STATUS_OK
-        for key in (R.TEST_ACC, R.BEST_VAL_ACC, R.BEST_EPOCH, R.EPOCHS_RUN, R.PARAMS, R.TEST_MACRO_F1, R.VAL_ACC):
-            assert metrics[key] == pytest.approx(row[key], rel=1e-12, abs=0), key
+        for key in (R.BEST_EPOCH, R.EPOCHS_RUN, R.PARAMS):
+            assert metrics[key] == row[key], key
+        for key in (R.TEST_ACC, R.BEST_VAL_ACC, R.TEST_MACRO_F1, R.VAL_ACC):  # the CSV's are in %, 2 decimals
+            assert row[f"{key}_pct"] == pytest.approx(metrics[key] * 100, abs=0.005 + 1e-9), key
         for key in (R.PE_TYPE, R.FUSION, R.SEED, "lr", "patience", "max_epochs"):
             assert run.data.params[key] == str(row[key]), key
 
@@ -372,9 +374,10 @@ def test_mlflow_child_runs_hold_the_csv_values_and_the_parent_its_provenance(bes
         logged = {k: v for k, v in metrics.items() if k.startswith((R.LENGTH_METRIC_PREFIX, R.LENGTH_COUNT_PREFIX))}
         assert any(k.startswith(R.LENGTH_METRIC_PREFIX) for k in buckets)
         assert buckets == logged
-        in_csv = {k: row[k] for k in row.index if k.startswith((R.LENGTH_METRIC_PREFIX, R.LENGTH_COUNT_PREFIX))
-                  and pd.notna(row[k])}
-        assert buckets == pytest.approx(in_csv, rel=1e-12, abs=0)
+        in_csv = {k.removesuffix("_pct"): row[k] for k in row.index
+                  if k.startswith((R.LENGTH_METRIC_PREFIX, R.LENGTH_COUNT_PREFIX)) and pd.notna(row[k])}
+        assert in_csv == pytest.approx({k: v * 100 if k.startswith(R.LENGTH_METRIC_PREFIX) else v  # CSV: %, 2 dp
+                                        for k, v in buckets.items()}, abs=0.005 + 1e-9)
     assert last_epoch_differs == 2, "the setting no longer has a best epoch before the last one"
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
@@ -396,7 +399,7 @@ def test_lr_batch_asha_stops_trials_early(local_ray, in_tmp, cache_dir, capsys):
     assert len(rows) == 6 and rows["lr"].nunique() == 6
     assert (rows[R.STATUS] == R.STATUS_STOPPED).sum() >= 1  # ASHA stopped someone
     assert (rows[R.STATUS] == R.STATUS_OK).sum() >= 1  # and someone trained the whole budget and was tested
-    assert rows.loc[rows[R.STATUS] == R.STATUS_OK, R.TEST_ACC].notna().all()
+    assert rows.loc[rows[R.STATUS] == R.STATUS_OK, R.TEST_ACC + "_pct"].notna().all()  # percent, as headed
     assert rows[R.EPOCHS_RUN].sum() < 6 * 4
     assert "best configuration:" in out and f"of {6 * 4} without early stopping" in out
 

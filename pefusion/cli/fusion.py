@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from pefusion import record as R
+from pefusion.analysis.formats import csv_ready
 from pefusion.cli.flags import search_plan, search_space_path, sweep_options
 from pefusion.data.config import TOKENIZER_KEYS, DataConfig
 from pefusion.data.encoded import EncodedCorpus
@@ -85,7 +86,7 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
     dataset = preset.data.source_name
     return StudySweep(
         sweep=sweep, preset=preset_name, experiment=R.PEFUSION_EXPERIMENT, space=space, trainable=trainable,
-        ship=ship,
+        ship=ship, csv=csv_ready,
         check_point=lambda point: check_trial_config(point, preset),
         static_params={R.DATASET: dataset, **flat_config(preset.model, preset.train),
                        **{k: getattr(preset.data, k) for k in TOKENIZER_KEYS}},

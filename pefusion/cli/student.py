@@ -10,6 +10,7 @@ from typing import Sequence
 import pandas as pd
 
 from pefusion import record as R
+from pefusion.analysis.formats import csv_ready
 from pefusion.cli.flags import (add_preset_flag, add_search_flags, add_sweep_flags, csv_list, search_plan,
                                 search_space_path, sweep_options)
 from pefusion.errors import ConfigError
@@ -80,7 +81,7 @@ def student_study(sweep: str, preset_name: str, preset: StudentPreset, space: Se
     shown = R.EPS_G if sweep == "lambda_cv" else f"{R.EPS_G}_semantic"
     return StudySweep(
         sweep=sweep, preset=preset_name, experiment=R.STUDENT_EXPERIMENT, space=space, trainable=TRAINABLES[sweep],
-        ship=lambda: {"preset": preset, "cpus": cpus},
+        ship=lambda: {"preset": preset, "cpus": cpus}, csv=csv_ready,
         check_point=lambda point: point_config(point, preset), static_params={**preset.point, **preset.cv},
         identity=preset.point, sort_keys=(R.OMEGA, R.ALPHA, R.INIT, R.SEED), run_name=student_run_name,
         shown={shown: lambda v: f"{shown} {v:.4g}"},
@@ -126,7 +127,7 @@ def run_lambda_search(args: argparse.Namespace, preset: StudentPreset, space: Se
 
     study = StudySweep(
         sweep="lambda_cv", preset=args.preset, experiment=R.STUDENT_EXPERIMENT, space=space,
-        trainable=lambda_trial_trainable,
+        trainable=lambda_trial_trainable, csv=csv_ready,
         ship=lambda: {"preset": preset, "cpus": args.cpus_per_trial},
         check_point=lambda point: point_config(point, preset),
         static_params={**preset.point, "folds": preset.cv["folds"]}, identity=preset.point, sort_keys=(R.LAMBDA,),

@@ -89,11 +89,11 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if live.interrupted:
-        _interrupted(result, out / f"{result.name}_{study.results_file}.csv", opts, live)
+        _interrupted(result, out / f"{result.name}_{study.results_file}.csv", study, opts, live)
     tables = {study.results_file: rows, **study.tables(rows)}
     for key, table in tables.items():
         path = out / f"{result.name}_{key}.csv"
-        table.to_csv(path, index=False)
+        study.csv(table).to_csv(path, index=False)
         result.paths.append(path)
     recorder.log_parent_artifacts(result.paths)
     n_failed = int((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum()) if R.STATUS in rows else len(rows)
@@ -101,10 +101,10 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
     return result
 
 
-def _interrupted(result: SweepResult, path: Path, opts: SweepOptions, live: LiveSweep) -> None:
+def _interrupted(result: SweepResult, path: Path, study: StudySweep, opts: SweepOptions, live: LiveSweep) -> None:
     """An interrupted sweep: the results CSV of the trials Tune has made so far (no tables of a partial sweep),
     the parent run KILLED, and `SweepInterrupted` with the one line to print."""
-    result.rows.to_csv(path, index=False)
+    study.csv(result.rows).to_csv(path, index=False)
     live.recorder.interrupt_sweep()
     live.recorder.flush()
     statuses = list(result.rows[R.STATUS]) if R.STATUS in result.rows else []

@@ -38,6 +38,8 @@ class StudySweep:
     labels: Mapping[str, str] = field(default_factory=dict)  # short names of searched keys in progress lines
     describe: Callable[[Mapping[str, Any]], str] = lambda shipped: ""  # printed before Ray starts
     results_file: str = "results"
+    # The study's CSV form of a frame (units in the headers, rounding): every CSV the sweep writes goes through it.
+    csv: Callable[[pd.DataFrame], pd.DataFrame] = lambda frame: frame
     tables: Callable[[pd.DataFrame], Mapping[str, pd.DataFrame]] = lambda rows: {}
     parent_metrics: Callable[[pd.DataFrame], Mapping[str, float]] = lambda rows: {}
     # A search (ASHA, Optuna): metric and mode are set here once and reach both through TuneConfig. A trial the
