@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Sequence
 
 from pefusion import record as R
 from pefusion.cli.flags import add_preset_flag, add_sweep_flags, csv_list, search_space_path, sweep_options
 from pefusion.errors import ConfigError
 from pefusion.student.config import CV_KEYS, RULES, STUDENT_PRESETS, point_config, smoke_student
-from pefusion.student.trainable import lambda_cv_trainable, phase_trainable, student_run_name
-from pefusion.sweep.driver import StudySweep, run_sweep
 from pefusion.sweep.space import Constant, grid_size, load_search_space
 from pefusion.sweep.tracking import STUDENT_EXPERIMENT
 
-TRAINABLES = {"lambda_cv": lambda_cv_trainable, "phase_diagram": phase_trainable}
+if TYPE_CHECKING:
+    import pandas as pd
+
 # Flags that narrow a grid of the search-space file: (flag, type, what, example).
 NARROWING = (("--alphas", float, "alpha = n/d", "0.5,1,2"), ("--omegas", float, "omega", "0,0.3"),
              ("--seeds", int, "data seed", "0,1"), ("--inits", str, "initialisation", "semantic,positional"))
@@ -53,8 +51,13 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, argv: Sequence[str] 
     if sweep == "phase_diagram" and R.INIT in space:
         raise ConfigError("init: a phase-diagram trial fits both initialisations; remove 'init' from the space")
 
+    # Here, after the checks above: these import torch and Ray (`--help` and input errors answer without them).
+    from pefusion.student.trainable import lambda_cv_trainable, phase_trainable, student_run_name
+    from pefusion.sweep.driver import StudySweep, run_sweep
+
+    trainables = {"lambda_cv": lambda_cv_trainable, "phase_diagram": phase_trainable}
     study = StudySweep(
-        sweep=sweep, preset=args.preset, space=space, trainable=TRAINABLES[sweep],
+        sweep=sweep, preset=args.preset, space=space, trainable=trainables[sweep],
         ship=lambda: {"preset": preset, "cpus": args.cpus_per_trial},
         check_point=lambda point: point_config(point, preset), static_params={**preset.point, **preset.cv},
         identity=preset.point, sort_keys=(R.OMEGA, R.ALPHA, R.INIT, R.SEED), run_name=student_run_name,
@@ -71,6 +74,8 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, argv: Sequence[str] 
 
 def student_summary(rows: pd.DataFrame) -> str:
     """The columns a reader checks first, one row per point."""
+    import pandas as pd
+
     cols = [c for c in (R.OMEGA, R.ALPHA, R.INIT, R.SEED, R.LAMBDA_STAR, R.EPS_G, R.EPS_T, R.M, R.THETA, R.EPS_LIN,
                         "eps_t_semantic", "eps_t_positional", R.GLOBAL_MIN, R.STATUS) if c in rows]
     with pd.option_context("display.width", 160, "display.max_rows", 400, "display.float_format", "{:.4g}".format):
