@@ -1,6 +1,7 @@
-"""The PE-fusion study's command lines, the library half: `sweeps/arxiv_grid.py` and `sweeps/lr_batch_asha.py` parse
-their flags and call `run_arxiv_grid` or `run_lr_batch_asha` here, which wire study A into the sweep engine and
-print what the user reads at the end (Table 1, or the best configuration and ASHA's epoch budget)."""
+"""The PE-fusion study's command lines, the library half: `pefusion-grid` and `pefusion-search` (`sweeps/arxiv_grid.py`,
+`sweeps/lr_batch_asha.py`) parse their flags in `cli/commands.py` and call `run_arxiv_grid` or `run_lr_batch_asha`
+here, which wire study A into the sweep engine and print what the user reads at the end (Table 1, or the best
+configuration and ASHA's epoch budget)."""
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,7 @@
-"""The student study's command lines, the library half: `sweeps/lambda_cv.py` and `sweeps/phase_diagram.py` add
-their flags with `add_student_flags`, parse them and call `run_student_sweep`, which wires study B into the sweep
-engine and prints one row per point at the end."""
+"""The student study's command lines, the library half: `pefusion-lambda-cv` and `pefusion-phase`
+(`sweeps/lambda_cv.py`, `sweeps/phase_diagram.py`; `cli/commands.py`) add their flags with `add_student_flags`,
+parse them and call `run_student_sweep`, which wires study B into the sweep engine and prints one row per point at
+the end."""
 from __future__ import annotations
 
 import argparse
