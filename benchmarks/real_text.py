@@ -6,7 +6,7 @@
 
 On one corpus and one model size, four ways to a text classifier, in one table (test accuracy, wall time, epochs):
 
-(a) search: `sweeps/lr_batch_asha.py --preset text --search optuna` over search_spaces/lr_batch_text.yaml (16
+(a) search: `sweeps/lr_batch_asha.py --preset text --search optuna` over pefusion/search_spaces/lr_batch_text.yaml (16
     samples under ASHA), run as a user runs it, in a subprocess; its result is the test accuracy of the trial with
     the best validation accuracy among those that trained to the end (ASHA's stopped trials are never tested).
 (b) notebook: the same model (the text preset) at the five hand-picked lr x batch settings of the 20 Newsgroups
@@ -41,12 +41,13 @@ import pandas as pd
 import yaml
 
 from pefusion import record as R
+from pefusion.cli.flags import SEARCH_SPACES
 from pefusion.data.config import DataConfig
 from pefusion.fusion.config import PRESETS, Preset, split_trial_config, trial_data
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "imdb" / "small"
-SEARCH_SPACE = REPO / "search_spaces" / "lr_batch_text.yaml"
+SEARCH_SPACE = SEARCH_SPACES / "lr_batch_text.yaml"
 NOTEBOOK_SETTINGS = ((1e-3, 64), (1e-4, 64), (5e-3, 64), (1e-3, 16), (1e-3, 256))  # (lr, batch), seed 002
 PAPER_RECIPE = {"tokenizer": "whitespace", "norm_first": False, "activation": "relu", "final_norm": False}
 RUN_NAME = "realtext"
@@ -91,7 +92,7 @@ def bench_preset(args: argparse.Namespace) -> Preset:
 # ---------------------------------------------------------------------------------------------------------
 
 def bench_space(args: argparse.Namespace) -> dict[str, Any]:
-    """search_spaces/lr_batch_text.yaml with the benchmark's model size (and --quick's timing) as constants."""
+    """pefusion/search_spaces/lr_batch_text.yaml with the benchmark's model size (and --quick's timing) as constants."""
     return {**yaml.safe_load(SEARCH_SPACE.read_text()), "d_model": args.d_model, "num_layers": args.num_layers,
             **(QUICK_TIMING if args.quick else {})}
 

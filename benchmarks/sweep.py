@@ -16,21 +16,20 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
 import torch
 
 from pefusion import record as R
-from pefusion.cli.flags import add_preset_flag, csv_list, print_result
+from pefusion.cli.flags import SEARCH_SPACES, add_preset_flag, csv_list, print_result
 from pefusion.fusion.config import PRESETS, split_trial_config
 from pefusion.fusion.config import RULES as PEFUSION_RULES
 from pefusion.sweep.space import load_search_space
 from pefusion.data.corpus import load_corpus
 from pefusion.fusion.training import train_and_evaluate
 
-SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "arxiv_grid_demo.yaml"
+SPACE = SEARCH_SPACES / "arxiv_grid_demo.yaml"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """pefusion: positional-encoding fusion and positional-vs-semantic attention studies on Ray Tune.
 
-Importing the package stays light (torch and the configs only); Ray and MLflow are imported by the modules that
-need them.
+Importing the package imports nothing heavy: the public names below are loaded on first use (module
+`__getattr__`), so that a command line parses and checks its flags before torch, Ray or MLflow load.
 """
+import importlib
 import os
 
 # Large CPU tensors on transparent huge pages: PyTorch's own switch, read once, at torch's first allocation, so
@@ -11,18 +12,27 @@ import os
 # n = 2 200 went from 53 to 24 ms, more than half of it page faults (scripts/bench_student.py).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from pefusion.fusion.config import PRESETS, ModelConfig, TrainConfig
-from pefusion.errors import ConfigError
-from pefusion.data.config import DataConfig
-from pefusion.fusion.model import PEFusionClassifier, build_model, build_model_from_config
+# public name -> the module that defines it
+_EXPORTS = {
+    "PRESETS": "pefusion.fusion.config",
+    "ModelConfig": "pefusion.fusion.config",
+    "TrainConfig": "pefusion.fusion.config",
+    "ConfigError": "pefusion.errors",
+    "DataConfig": "pefusion.data.config",
+    "PEFusionClassifier": "pefusion.fusion.model",
+    "build_model": "pefusion.fusion.model",
+    "build_model_from_config": "pefusion.fusion.model",
+}
+__all__ = sorted(_EXPORTS)
 
-__all__ = [
-    "PRESETS",
-    "ConfigError",
-    "DataConfig",
-    "ModelConfig",
-    "PEFusionClassifier",
-    "TrainConfig",
-    "build_model",
-    "build_model_from_config",
-]
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pefusion' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -119,7 +119,8 @@ def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, c
     assert match, err[-3000:]
     finished, n, running, pending = map(int, match.groups()[:4])
     assert n == 4 and finished >= 1 and finished + running + pending == 4 and running <= 1
-    assert match.group(5) == shlex.join(["python", "sweeps/arxiv_grid.py", *args, "--resume"])
+    # the command as it was run (the script by the path given), pasted below as is
+    assert shlex.split(match.group(5))[1:] == [str(REPO / "sweeps" / "arxiv_grid.py"), *args, "--resume"]
     progress = [ln for ln in lines if re.match(r"^\[\d\d:\d\d:\d\d\] \d/4 done", ln)]
     # a trial's end names it by what the grid varies (…; learned add: ok, test 22.0 %); a periodic line names none
     ended = [ln for ln in progress if re.search(r"; (sinusoidal|learned) (add|concat): ", ln)]
@@ -139,9 +140,8 @@ def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, c
         assert (run.info.status, tag) in {("FINISHED", R.STATUS_OK), ("KILLED", R.STATUS_INTERRUPTED)}, tag
     assert sum(r.info.status == "FINISHED" for r in cut["children"].values()) == finished
 
-    resume = shlex.split(match.group(5))
-    assert resume[:2] == ["python", "sweeps/arxiv_grid.py"]
-    resumed = _run(tmp_path, resume[2:])
+    resumed = subprocess.run(match.group(5), shell=True, cwd=tmp_path, env=subprocess_env(), capture_output=True,
+                             text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     pd.testing.assert_frame_equal(_comparable(tmp_path / "results" / "cut_results_by_seed.csv"),

@@ -6,9 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pefusion.analysis.report import notes
-from pefusion.analysis.runs import load_sweep
-
 
 def add_source_flags(parser: argparse.ArgumentParser, experiment: str,
                      parent_default: str = "every finished trial run of the experiment") -> None:
@@ -24,6 +21,9 @@ def add_source_flags(parser: argparse.ArgumentParser, experiment: str,
 
 def load_sweep_from_args(args: argparse.Namespace, latest_sweep: bool = False):
     """The runs the source flags name, with the notes a reader must know printed to stderr."""
+    from pefusion.analysis.report import notes  # here: MLflow and pandas load after the flags are parsed
+    from pefusion.analysis.runs import load_sweep
+
     sweep = load_sweep(args.tracking_uri, args.experiment, args.parent_run, latest_sweep=latest_sweep)
     for note in notes(sweep):
         print(f"note: {note}", file=sys.stderr)

@@ -8,15 +8,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shlex
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from pefusion.errors import ConfigError, SweepInterrupted
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SEARCH_SPACES = REPO_ROOT / "search_spaces"
+# The sweeps' default search spaces: package data (pefusion/search_spaces/*.yaml), found where the package is
+# installed. A wheel installs it as plain files, so this is a real folder whose paths the runs record.
+SEARCH_SPACES = Path(str(resources.files("pefusion") / "search_spaces"))
+# Each sweep's installed command (pyproject's [project.scripts]): the command line recorded for a main called
+# in-process, as `python sweeps/<sweep>.py` would name a file that may not be in the folder it is pasted in.
+ENTRY_POINTS = {"arxiv_grid": "pefusion-grid", "lr_batch_asha": "pefusion-search", "lambda_cv": "pefusion-lambda-cv",
+                "phase_diagram": "pefusion-phase"}
 
 
 def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> None:
@@ -87,18 +92,19 @@ def add_preset_flag(parser: argparse.ArgumentParser, default: str, presets: Mapp
 
 
 def _preset_search_spaces(name: str) -> dict[str, Path]:
-    """The files a preset uses instead of search_spaces/<name>.yaml: <name>_<preset>.yaml, for each preset that has
-    one (e.g. lr_batch_demo.yaml for --preset demo, lr_batch_text.yaml for --preset text)."""
+    """The files a preset uses instead of pefusion/search_spaces/<name>.yaml: <name>_<preset>.yaml, for each preset
+    that has one (e.g. lr_batch_demo.yaml for --preset demo, lr_batch_text.yaml for --preset text)."""
     stem = name.removesuffix(".yaml")
     return {p.stem[len(stem) + 1:]: p for p in sorted(SEARCH_SPACES.glob(f"{stem}_*.yaml"))}
 
 
 def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_space: str) -> None:
     g = parser.add_argument_group("sweep")
-    variants = "".join(f"; with --preset {preset}, search_spaces/{path.name}"
+    variants = "".join(f"; with --preset {preset}, {path.name}"
                        for preset, path in _preset_search_spaces(search_space).items())
-    g.add_argument("--search-space", default=None,
-                   help=f"search-space YAML file (default: search_spaces/{search_space}{variants})")
+    g.add_argument("--search-space", default=None, metavar="FILE",
+                   help=f"search-space YAML file (default: {search_space}{variants}; these ship with pefusion, in "
+                        f"{SEARCH_SPACES}: copy one to start your own)")
     parser.set_defaults(default_search_space=search_space)
     g.add_argument("--address", help="Ray cluster to join: 'auto' for a running `ray start --head` "
                                      "(default: start a local cluster)")
@@ -195,12 +201,14 @@ def search_space_path(args: argparse.Namespace) -> str:
 def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | None = None):
     """The `SweepOptions` of the common flags (imports Ray, so call it after validating everything else).
 
-    `argv` (default: sys.argv[1:]) is recorded on the MLflow parent run as the command that made the sweep.
+    The command recorded on the MLflow parent run and printed to resume an interrupted sweep is the one this
+    process ran; `argv` given (a main called in-process) is the sweep's installed command with `argv`.
     """
     from pefusion import record as R
+    from pefusion.sweep.tracking import command_line
     from pefusion.sweep.tuner import SweepOptions
 
-    command = shlex.join(["python", f"sweeps/{sweep}.py", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line() if argv is None else command_line(argv, program=ENTRY_POINTS[sweep])
 
     return SweepOptions(
         sweep=sweep, experiment=args.experiment, name=args.name, storage_path=args.storage_path,

@@ -1,18 +1,16 @@
-"""The PE-fusion study's command lines, the library half: `sweeps/arxiv_grid.py` and `sweeps/lr_batch_asha.py` parse
-their flags and call `run_arxiv_grid` or `run_lr_batch_asha` here, which wire study A into the sweep engine and
-print what the user reads at the end (Table 1, or the best configuration and ASHA's epoch budget)."""
+"""The PE-fusion study's command lines, the library half: `pefusion-grid` and `pefusion-search` (`sweeps/arxiv_grid.py`,
+`sweeps/lr_batch_asha.py`) parse their flags in `cli/commands.py` and call `run_arxiv_grid` or `run_lr_batch_asha`
+here, which wire study A into the sweep engine and print what the user reads at the end (Table 1, or the best
+configuration and ASHA's epoch budget)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import functools
 from pathlib import Path
-from typing import Any, Callable, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pefusion import record as R
-from pefusion.analysis.formats import csv_ready
 from pefusion.cli.flags import search_plan, search_space_path, sweep_options
 from pefusion.data.config import TOKENIZER_KEYS, DataConfig
 from pefusion.data.encoded import EncodedCorpus
@@ -20,12 +18,13 @@ from pefusion.data.corpus import load_corpus
 from pefusion.errors import ConfigError
 from pefusion.fusion.config import (PRESETS, RULES, Preset, check_pe_fusion_pairs, flat_config, smoke_budget,
                                     trial_data)
-from pefusion.fusion.probe import largest_trial_peak
-from pefusion.fusion.trainable import check_trial_config, pefusion_trainable, trial_run_name
-from pefusion.sweep.driver import run_sweep
-from pefusion.sweep.study import StudySweep
 from pefusion.sweep.space import (Choice, Constant, Grid, SearchSpace, SearchSpaceError, grid_size,
                                   load_search_space)
+
+if TYPE_CHECKING:  # torch and Ray load when a sweep runs, after its inputs are checked (`--help` needs neither)
+    import pandas as pd
+
+    from pefusion.sweep.study import StudySweep
 
 
 def resolve_preset(args: argparse.Namespace) -> Preset:
@@ -63,11 +62,17 @@ def resolve_preset(args: argparse.Namespace) -> Preset:
 
 
 def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSpace, cpus: float, *,
-                   corpus: EncodedCorpus | None = None, trainable: Callable[..., None] = pefusion_trainable,
+                   corpus: EncodedCorpus | None = None, trainable: Callable[..., None] | None = None,
                    describe: bool = False, **search: Any) -> StudySweep:
-    """Study A as the engine sees it: trials of `space` over `preset`, on `corpus` (default: the preset's data,
-    loaded after validation). `search`: StudySweep's metric, mode, scheduler, search_alg, num_samples; a
-    stopped trial's best validation accuracy is its `best_val_acc`."""
+    """Study A as the engine sees it: trials of `space` over `preset` (by `trainable`, default
+    `pefusion_trainable`), on `corpus` (default: the preset's data, loaded after validation). `search`:
+    StudySweep's metric, mode, scheduler, search_alg, num_samples; a stopped trial's best validation accuracy is
+    its `best_val_acc`."""
+    from pefusion.analysis.formats import csv_ready
+    from pefusion.fusion.probe import largest_trial_peak
+    from pefusion.fusion.trainable import check_trial_config, pefusion_trainable, trial_run_name
+    from pefusion.sweep.study import StudySweep
+
     settings = corpus_settings(space, preset)
 
     def ship() -> dict[str, Any]:
@@ -85,8 +90,8 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
 
     dataset = preset.data.source_name
     return StudySweep(
-        sweep=sweep, preset=preset_name, experiment=R.PEFUSION_EXPERIMENT, space=space, trainable=trainable,
-        ship=ship, csv=csv_ready,
+        sweep=sweep, preset=preset_name, experiment=R.PEFUSION_EXPERIMENT, space=space,
+        trainable=trainable or pefusion_trainable, ship=ship, csv=csv_ready,
         check_point=lambda point: check_trial_config(point, preset),
         static_params={R.DATASET: dataset, **flat_config(preset.model, preset.train),
                        **{k: getattr(preset.data, k) for k in TOKENIZER_KEYS}},
@@ -128,6 +133,8 @@ def run_arxiv_grid(args: argparse.Namespace, argv: Sequence[str] | None = None) 
     preset = resolve_preset(args)
     space = _load_space(args, preset)
     study = pefusion_study("arxiv_grid", args.preset, preset, space, args.cpus_per_trial, describe=True)
+    from pefusion.sweep.driver import run_sweep
+
     result = run_sweep(study, sweep_options(args, "arxiv_grid", argv), args.out)
     print(summary_table(result.rows))
     print(f"results: {', '.join(map(str, result.paths))}\nRay experiment: {result.experiment_path}")
@@ -161,6 +168,8 @@ def run_lr_batch_asha(args: argparse.Namespace, argv: Sequence[str] | None = Non
     study = dataclasses.replace(study, parent_metrics=lambda rows: budget_summary(rows, max_t))
     options = sweep_options(args, "lr_batch_asha", argv)
     options.tags[R.TAG_SCHEDULER] = args.scheduler  # the report names who spent the epoch budget
+    from pefusion.sweep.driver import run_sweep
+
     result = run_sweep(study, options, args.out)
 
     rows, summary = result.rows, budget_summary(result.rows, max_t)
@@ -205,6 +214,7 @@ def aggregate_rows(rows: pd.DataFrame) -> pd.DataFrame:
 def summary_table(rows: pd.DataFrame) -> str:
     """Table 1 as text, then every failed trial with its reason."""
     from pefusion.analysis.fusion_tables import table1, table1_display
+    from pefusion.fusion.trainable import trial_run_name
 
     frame = _as_trial_frame(rows)
     n_failed = int((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum())

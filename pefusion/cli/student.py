@@ -1,28 +1,27 @@
-"""The student study's command lines, the library half: `sweeps/lambda_cv.py` and `sweeps/phase_diagram.py` add
-their flags with `add_student_flags`, parse them and call `run_student_sweep`, which wires study B into the sweep
-engine and prints one row per point at the end."""
+"""The student study's command lines, the library half: `pefusion-lambda-cv` and `pefusion-phase`
+(`sweeps/lambda_cv.py`, `sweeps/phase_diagram.py`; `cli/commands.py`) add their flags with `add_student_flags`,
+parse them and call `run_student_sweep`, which wires study B into the sweep engine and prints one row per point at
+the end."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Sequence
 
 from pefusion import record as R
-from pefusion.analysis.formats import csv_ready
 from pefusion.cli.flags import (add_preset_flag, add_search_flags, add_sweep_flags, csv_list, search_plan,
                                 search_space_path, sweep_options)
 from pefusion.errors import ConfigError
 from pefusion.student.config import CV_KEYS, RULES, STUDENT_PRESETS, StudentPreset, point_config, smoke_student
-from pefusion.student.trainable import lambda_cv_trainable, lambda_trial_trainable, phase_trainable, student_run_name
-from pefusion.sweep.driver import run_sweep
 from pefusion.sweep.search import Objective, build, check
 from pefusion.sweep.space import (Choice, Constant, Grid, LogUniform, SearchSpace, SearchSpaceError, grid_size,
                                   load_search_space, parse_search_space)
-from pefusion.sweep.study import StudySweep
 
-TRAINABLES = {"lambda_cv": lambda_cv_trainable, "phase_diagram": phase_trainable}
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from pefusion.sweep.study import StudySweep
+
 # Flags that narrow a grid of the search-space file: (flag, type, what, example).
 NARROWING = (("--alphas", float, "alpha = n/d", "0.5,1,2"), ("--omegas", float, "omega", "0,0.3"),
              ("--seeds", int, "data seed", "0,1"), ("--inits", str, "initialisation", "semantic,positional"))
@@ -64,6 +63,10 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, argv: Sequence[str] 
     if sweep == "lambda_cv":  # grid CV inside each trial; the points are a grid, run once each
         check(search_plan(args), Objective(metric=None), space)
 
+    # Here, after the checks above: the engine and the trainables import torch and Ray (`--help` and input errors
+    # answer without them).
+    from pefusion.sweep.driver import run_sweep
+
     study = student_study(sweep, args.preset, preset, space, args.cpus_per_trial)
     result = run_sweep(study, sweep_options(args, sweep, argv), args.out)
     rows = result.rows
@@ -78,9 +81,14 @@ def student_study(sweep: str, preset_name: str, preset: StudentPreset, space: Se
                   cpus: float) -> StudySweep:
     """Study B as the engine sees it: one trial per point of `space` over `preset`, `sweep` naming the trainable
     (`lambda_cv` or `phase_diagram`)."""
+    from pefusion.analysis.formats import csv_ready
+    from pefusion.student.trainable import lambda_cv_trainable, phase_trainable, student_run_name
+    from pefusion.sweep.study import StudySweep
+
+    trainables = {"lambda_cv": lambda_cv_trainable, "phase_diagram": phase_trainable}
     shown = R.EPS_G if sweep == "lambda_cv" else f"{R.EPS_G}_semantic"
     return StudySweep(
-        sweep=sweep, preset=preset_name, experiment=R.STUDENT_EXPERIMENT, space=space, trainable=TRAINABLES[sweep],
+        sweep=sweep, preset=preset_name, experiment=R.STUDENT_EXPERIMENT, space=space, trainable=trainables[sweep],
         ship=lambda: {"preset": preset, "cpus": cpus}, csv=csv_ready,
         check_point=lambda point: point_config(point, preset), static_params={**preset.point, **preset.cv},
         identity=preset.point, sort_keys=(R.OMEGA, R.ALPHA, R.INIT, R.SEED), run_name=student_run_name,
@@ -116,6 +124,8 @@ def run_lambda_search(args: argparse.Namespace, preset: StudentPreset, space: Se
                       argv: Sequence[str] | None = None) -> int:
     """`lambda_cv --search random|optuna|cmaes`: at one point, each trial is one λ's K-fold CV error and the
     search minimises it; λ* is the best trial's λ, and that trial's refit is the point's result."""
+    import pandas as pd
+
     space = lambda_search_space(space, preset, args.search)
     plan = search_plan(args)
     objective = Objective(metric=R.CV_ERROR_MEAN, mode="min")
@@ -124,6 +134,11 @@ def run_lambda_search(args: argparse.Namespace, preset: StudentPreset, space: Se
     def best(rows: pd.DataFrame) -> pd.DataFrame:
         ok = rows[rows[R.STATUS] == R.STATUS_OK].dropna(subset=[R.CV_ERROR_MEAN])
         return ok.loc[[ok[R.CV_ERROR_MEAN].idxmin()]].rename(columns={R.LAMBDA: R.LAMBDA_STAR}) if len(ok) else ok
+
+    from pefusion.analysis.formats import csv_ready
+    from pefusion.student.trainable import lambda_trial_trainable, student_run_name
+    from pefusion.sweep.driver import run_sweep
+    from pefusion.sweep.study import StudySweep
 
     study = StudySweep(
         sweep="lambda_cv", preset=args.preset, experiment=R.STUDENT_EXPERIMENT, space=space,
@@ -153,6 +168,8 @@ def run_lambda_search(args: argparse.Namespace, preset: StudentPreset, space: Se
 
 def student_summary(rows: pd.DataFrame) -> str:
     """The columns a reader checks first, one row per point."""
+    import pandas as pd
+
     cols = [c for c in (R.OMEGA, R.ALPHA, R.INIT, R.SEED, R.LAMBDA_STAR, R.EPS_G, R.EPS_T, R.M, R.THETA, R.EPS_LIN,
                         "eps_t_semantic", "eps_t_positional", R.GLOBAL_MIN, R.STATUS) if c in rows]
     with pd.option_context("display.width", 160, "display.max_rows", 400, "display.float_format", "{:.4g}".format):

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from pefusion import record as R
 from pefusion.errors import (NONNEGATIVE, POSITIVE, UNIT_INTERVAL, ConfigError, KeyRule, Rules, check_choice,
@@ -52,7 +51,7 @@ TEACHER_A: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
 INITS = ("semantic", "positional", "random")
 OPTIMS = ("gd", "adam")
 OPTIM_DEFAULTS = {"gd": (0.15, 5000), "adam": (0.01, 2500)}  # (lr, iterations), the authors' settings
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = ("float32", "float64")  # torch dtypes by name: the config is read before torch loads (--help)
 
 # Linear baseline protocol (the authors'): Adam lr 0.5, 200 full-batch epochs, weight decay 1e-4.
 LINEAR_LR, LINEAR_EPOCHS, LINEAR_WEIGHT_DECAY = 0.5, 200, 1e-4
@@ -114,7 +113,8 @@ class StudentConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+        return getattr(torch, self.dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------

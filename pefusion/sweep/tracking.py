@@ -19,6 +19,7 @@ import functools
 import math
 import os
 import queue
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
@@ -90,8 +91,53 @@ def git_commit() -> str:
         return ""
 
 
-def command_line() -> str:
-    return " ".join([Path(sys.executable).name, *sys.argv])
+def command_line(argv: Sequence[str] | None = None, program: str = "") -> str:
+    """The command that started this process, quoted so that pasted in the same folder it runs again: the
+    interpreter as the user would type it (`_interpreter`) and the script's path as given, or an installed command
+    (an entry point) by its name when PATH finds it, else by its path; then the arguments.
+
+    `argv` replaces this process's arguments; `program` names the command that takes them when they are not this
+    process's own (a main called in-process: this process's command line is then another program's).
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if program:
+        return shlex.join([program, *args])
+    script = sys.argv[0]
+    if not script.endswith(".py") and os.access(script, os.X_OK):  # an entry point, started by its #! line
+        name = os.path.basename(script)
+        found = shutil.which(name)
+        return shlex.join([name if found and os.path.samefile(found, script) else script, *args])
+    return shlex.join([_interpreter(), script, *args])
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter() -> str:
+    """This interpreter as the user would type it: the name typed, `python` or `python3` when that name on PATH
+    runs this interpreter, else its full path. A name on PATH may be a launcher (pyenv's shims are shell
+    scripts that exec the real one), so it is asked which interpreter it runs."""
+    typed = sys.orig_argv[0] if sys.orig_argv else ""
+    if typed and os.sep not in typed and _is_this_interpreter(shutil.which(typed) or ""):
+        return typed
+    for name in ("python", "python3"):
+        if shutil.which(name) is None:
+            continue
+        try:
+            out = subprocess.run([name, "-S", "-c", "import sys; print(sys.executable)"], capture_output=True,
+                                 text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if _is_this_interpreter(out.stdout.strip()):
+            return name
+    return sys.executable
+
+
+def _is_this_interpreter(path: str) -> bool:
+    """Same binary in the same folder: a virtual environment's python links to the system's, but runs with its
+    own packages (found from its folder)."""
+    if not path:
+        return False
+    here, there = os.path.abspath(sys.executable), os.path.abspath(path)
+    return os.path.dirname(here) == os.path.dirname(there) and os.path.realpath(here) == os.path.realpath(there)
 
 
 def mlflow_client(uri: str):

@@ -1,0 +1,151 @@
+"""Every command's parser and main: `sweeps/*.py` and `scripts/report.py` run these, and so do the installed
+commands of pyproject's [project.scripts] (`pefusion-grid`, `pefusion-search`, `pefusion-lambda-cv`,
+`pefusion-phase`, `pefusion-report`), for a user who installed pefusion without a clone.
+
+A main parses its flags and checks what needs no study before it imports the study's wiring (`cli/fusion.py`,
+`cli/student.py`), and those check their inputs before they import torch, Ray or MLflow: `--help` and a
+mistyped flag answer at once (README, Flags every sweep shares).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from pefusion.cli.flags import (add_data_flags, add_preset_flag, add_search_flags, add_sweep_flags, csv_list,
+                                gpus_per_trial, run_main)
+from pefusion.fusion.config import PRESETS
+from pefusion.record import PEFUSION_EXPERIMENT
+
+GRID = """The PE × fusion × seed grid of the PE-fusion study (Hallam & Tseng), on Ray Tune, tracked in MLflow.
+Installed as `pefusion-grid`, the same command as `python sweeps/arxiv_grid.py`.
+
+    python sweeps/arxiv_grid.py --preset demo          # the bundled synthetic corpus, minutes on a laptop CPU
+    python sweeps/arxiv_grid.py                         # the paper's ArXiv-11 grid (Hugging Face hub)
+    python sweeps/arxiv_grid.py --data-dir data/        # the paper's data/{train,validation,test}_clean.jsonl
+
+No ASHA here: paired-seed comparisons need complete runs; each trial stops early on validation accuracy exactly
+as the paper did (patience 4, min_delta 1e-4) and is tested at its best checkpoint.
+"""
+
+SEARCH = """Learning-rate × batch-size search for one PE-fusion model, with ASHA early stopping over epochs.
+Installed as `pefusion-search`, the same command as `python sweeps/lr_batch_asha.py`.
+
+    python sweeps/lr_batch_asha.py --preset demo                    # random search, 16 samples, ASHA
+    python sweeps/lr_batch_asha.py --preset demo --search optuna    # Optuna TPE with a fixed sampler seed
+    python sweeps/lr_batch_asha.py --preset demo --scheduler fifo   # same samples, full budget (the reference)
+
+The optimised metric is `pefusion.record.OPTIMISED_METRIC` (validation accuracy, maximised), set once in
+TuneConfig and used by both ASHA and Optuna. ASHA is the only early stopping here (the paper's in-trial patience
+is switched off) so that the epoch accounting is exact.
+"""
+
+REPORT = """One self-contained HTML page for a sweep: the tables and figures of its trials (inline), the command line
+and git commit that produced them, and its failed trials. Also writes the CSVs and figures, and logs them with
+the page to the sweep's MLflow parent run under results/. Installed as `pefusion-report`.
+
+    python scripts/report.py                                  # latest sweep of pe-fusion in sqlite:///mlflow.db
+    python scripts/report.py --experiment student-attention   # latest student sweep
+    python scripts/report.py --parent-run 1a2b3c4d
+"""
+
+
+def _parse_sweep(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The flags, and the sweep flag whose check needs no study (a bad --gpus-per-trial ends here in one line)."""
+    args = parser.parse_args(argv)
+    gpus_per_trial(args.gpus_per_trial)
+    return args
+
+
+def grid_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=GRID, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_preset_flag(parser, default="arxiv", presets=PRESETS)
+    parser.add_argument("--pe-types", type=csv_list(), help="narrow the pe_type grid, e.g. sinusoidal,rope")
+    parser.add_argument("--fusions", type=csv_list(), help="narrow the fusion grid, e.g. add,gate_scalar")
+    parser.add_argument("--seeds", type=csv_list(int), help="narrow the seed grid, e.g. 0,1,2")
+    parser.add_argument("--epochs", type=int, help="maximum epochs per trial (default: the preset's)")
+    add_data_flags(parser)
+    add_sweep_flags(parser, experiment=PEFUSION_EXPERIMENT, search_space="arxiv_grid.yaml")
+    args = _parse_sweep(parser, argv)
+    from pefusion.cli.fusion import run_arxiv_grid
+
+    return run_arxiv_grid(args, argv)
+
+
+def search_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=SEARCH, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_preset_flag(parser, default="arxiv", presets=PRESETS)
+    add_search_flags(parser, searches=("random", "optuna", "grid", "cmaes"),
+                     schedulers=("asha", "fifo", "hyperband", "pbt"), default_search="random", default_samples=16)
+    add_data_flags(parser)
+    add_sweep_flags(parser, experiment=PEFUSION_EXPERIMENT, search_space="lr_batch.yaml")
+    args = _parse_sweep(parser, argv)
+    from pefusion.cli.fusion import run_lr_batch_asha
+
+    return run_lr_batch_asha(args, argv)
+
+
+def _student_main(sweep: str, description: str, argv: Sequence[str] | None) -> int:
+    from pefusion.cli.student import add_student_flags, run_student_sweep
+
+    parser = argparse.ArgumentParser(description=description)
+    add_student_flags(parser, sweep)
+    return run_student_sweep(sweep, _parse_sweep(parser, argv), argv)
+
+
+def lambda_cv_main(argv: Sequence[str] | None = None) -> int:
+    return _student_main("lambda_cv", "K-fold cross-validation of the weight decay lambda at each (alpha, omega, "
+                                      "sigma, init, seed) point, refit at lambda*, test on fresh samples (SPEC "
+                                      "section 5). Installed as pefusion-lambda-cv, the same command as "
+                                      "`python sweeps/lambda_cv.py`.", argv)
+
+
+def phase_diagram_main(argv: Sequence[str] | None = None) -> int:
+    return _student_main("phase_diagram", "Fixed lambda, a grid over alpha x omega; both initialisations at every "
+                                          "point, which one is the global minimum, and the linear baseline (the "
+                                          "paper's Fig. 3). Installed as pefusion-phase, the same command as "
+                                          "`python sweeps/phase_diagram.py`.", argv)
+
+
+def report_main(argv: Sequence[str] | None = None) -> int:
+    from pefusion.cli.analysis import add_source_flags, load_sweep_from_args
+
+    parser = argparse.ArgumentParser(description=REPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_source_flags(parser, PEFUSION_EXPERIMENT, parent_default="the most recent sweep parent run")
+    parser.add_argument("--all-runs", action="store_true",
+                        help="report every finished trial run of the experiment instead of the latest sweep")
+    parser.add_argument("--baseline", default="add", help="baseline fusion of the paired deltas (default: add)")
+    parser.add_argument("--no-log", action="store_true", help="do not log the report to the MLflow parent run")
+    args = parser.parse_args(argv)
+    from pefusion.analysis.report import build_report
+    from pefusion.analysis.student_tables import published_alpha_curves
+
+    sweep = load_sweep_from_args(args, latest_sweep=not args.all_runs)
+    alpha_c, alpha_l = published_alpha_curves()
+    page, written = build_report(sweep, args.out, args.baseline, alpha_c, alpha_l, log_to_mlflow=not args.no_log)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"report: {page}")
+    if sweep.parent_run_id and not args.no_log:
+        print(f"logged to MLflow run {sweep.parent_run_id} under results/")
+    return 0
+
+
+# The installed commands (pyproject's [project.scripts]): a ConfigError ends in one line and exit code 2.
+def grid() -> None:
+    run_main(grid_main)
+
+
+def search() -> None:
+    run_main(search_main)
+
+
+def lambda_cv() -> None:
+    run_main(lambda_cv_main)
+
+
+def phase_diagram() -> None:
+    run_main(phase_diagram_main)
+
+
+def report() -> None:
+    run_main(report_main)
