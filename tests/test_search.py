@@ -121,8 +121,9 @@ def test_lambda_search_finds_the_grid_cvs_lambda_star(local_ray, in_tmp, capsys)
     assert grid[i - 1] < lam_star < grid[i + 1]
     assert best[R.CV_ERROR_MEAN] <= min(errors) * 1.02
     again = run_cv_point(dataclasses.replace(point, lam=lam_star), (lam_star,), smoke.cv["folds"])
-    assert best[R.CV_ERROR_MEAN] == pytest.approx(again[R.CV_CURVE][0][R.CV_ERROR_MEAN], rel=1e-5)
-    assert best[R.EPS_G] == pytest.approx(again[R.EPS_G], rel=1e-5)
+    # the CSV keeps 5 significant figures of the student's errors
+    assert best[R.CV_ERROR_MEAN] == pytest.approx(again[R.CV_CURVE][0][R.CV_ERROR_MEAN], rel=1e-4)
+    assert best[R.EPS_G] == pytest.approx(again[R.EPS_G], rel=1e-4)
     assert f"lambda* = {lam_star:.4g}" in capsys.readouterr().out
     client = MlflowClient(resolve_tracking_uri())
     (parent,) = client.search_runs([client.get_experiment_by_name("student-attention").experiment_id],
@@ -141,7 +142,7 @@ def test_hyperband_lets_a_full_budget_trial_deliver_its_final_record(local_ray, 
     assert code == 0
     rows = pd.read_csv(in_tmp / "results" / "hb_results_by_seed.csv")
     ok = rows[rows[R.STATUS] == R.STATUS_OK]
-    assert len(ok) >= 1 and (ok[R.EPOCHS_RUN] == max_t).all() and ok[R.TEST_ACC].notna().all()
+    assert len(ok) >= 1 and (ok[R.EPOCHS_RUN] == max_t).all() and ok[R.TEST_ACC + "_pct"].notna().all()  # the CSV's accuracies are in %
     assert set(rows[R.STATUS]) <= {R.STATUS_OK, R.STATUS_STOPPED}
     assert "trials stopped by HyperBand" in capsys.readouterr().out
 

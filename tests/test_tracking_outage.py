@@ -27,6 +27,7 @@ import pytest
 
 from conftest import REPO, free_port, subprocess_env
 from pefusion import record as R
+from pefusion.analysis.formats import csv_ready
 from pefusion.sweep import tracking
 from pefusion.sweep.tracking import SweepRecorder
 
@@ -368,9 +369,12 @@ def test_a_tracking_server_away_mid_sweep_costs_no_metric(tmp_path, cache_dir, o
                 assert [s for s, _ in history] == list(range(1, last_step + 1)), (trial_id, name, history)
                 for step, value in history[:epochs]:
                     assert value == pytest.approx(reports[step][name], rel=1e-12), (trial_id, name, step)
-            # the final record: the CSV's row; val_acc's run value is the restored best checkpoint's
+            # the final record: the CSV's row (which names each column's unit and rounds it); val_acc's run value
+            # is the restored best checkpoint's
+            logged = csv_ready(pd.DataFrame([{name: child.data.metrics[name] for name in FINAL}])).iloc[0]
+            for name, value in logged.items():
+                assert float(row[name]) == pytest.approx(float(value), rel=1e-12), (trial_id, name)
             for name in FINAL:
-                assert child.data.metrics[name] == pytest.approx(float(row[name]), rel=1e-12), (trial_id, name)
                 assert len(client.get_metric_history(run_id, name)) == 1, (trial_id, name)
             assert child.data.metrics[R.VAL_ACC] == child.data.metrics[R.BEST_VAL_ACC]
             # the checkpoint reached the server's artifact store

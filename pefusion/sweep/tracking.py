@@ -340,6 +340,9 @@ class SweepRecorder:
         self._opened.set()
         if announce and self.open_error is None:
             print(f"MLflow: {self.uri}  experiment '{self.experiment}', parent run {self.parent_run_id}", flush=True)
+            served = "" if self.uri.startswith(("http://", "https://")) else \
+                f"  (after `mlflow ui --backend-store-uri {self.uri}`)"
+            print(f"MLflow UI: {ui_link(self.uri, self.experiment_id, self.parent_run_id)}{served}", flush=True)
 
     def wait_open(self) -> None:
         """Wait until the parent run is open; a store that cannot be used ends here in one line (TrackingError)."""
