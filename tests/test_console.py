@@ -7,7 +7,9 @@ import logging
 import os
 import pty
 import re
+import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -15,14 +17,16 @@ import time
 import warnings
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from conftest import REPO, subprocess_env
+from pefusion import record as R
 
 DEMO = ["--preset", "demo", "--pe-types", "sinusoidal", "--fusions", "add,gate_scalar"]
 
 # A row of the final table (its header is the line before the first).
-TABLE_ROW = re.compile(r"sinusoidal\s+(add|gate_scalar)\s")
+TABLE_ROW = re.compile(r"sinusoidal\s+(add|gate_scalar|concat)\s")
 # The sweep's own lines: what the driver and the command print (a sweep's one-line error included).
 OURS = [TABLE_ROW, *(re.compile(p) for p in (
     r"\d+ trials on ",  # what the sweep runs on
@@ -50,13 +54,13 @@ def foreign_lines(text: str) -> list[str]:
     return [line for line, mine in zip(lines, ours) if not mine]
 
 
-def run_on_a_terminal(args: list[str], cwd: Path, interrupt_when=None, timeout: float = 300) -> tuple[int, str]:
-    """Run `sweeps/arxiv_grid.py args` with stdout and stderr on a pty; SIGINT it (as Ctrl-C does) once
-    `interrupt_when()` holds. Returns the exit code and everything it printed."""
+def run_on_a_terminal(command: list[str] | str, cwd: Path, interrupt_when=None,
+                      timeout: float = 300) -> tuple[int, str]:
+    """Run `command` (a line of text runs in a shell, as pasted) with stdout and stderr on a pty; SIGINT it (as
+    Ctrl-C does) once `interrupt_when()` holds. Returns the exit code and everything it printed."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *args], cwd=cwd,
-                            env=subprocess_env(RAY_AUTH_MODE=None), stdin=subprocess.DEVNULL, stdout=slave,
-                            stderr=slave)
+    proc = subprocess.Popen(command, shell=isinstance(command, str), cwd=cwd, env=subprocess_env(RAY_AUTH_MODE=None),
+                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
     os.close(slave)
     chunks: list[bytes] = []
 
@@ -98,7 +102,7 @@ def _flags(tmp_path: Path, cache_dir: Path, name: str) -> list[str]:
 @pytest.mark.subprocess_ray
 def test_demo_grid_console_has_no_line_of_ray_or_mlflow(tmp_path, cache_dir):
     args = [*DEMO, "--seeds", "0", "--epochs", "2", *_flags(tmp_path, cache_dir, "demo")]
-    code, out = run_on_a_terminal(args, tmp_path)
+    code, out = run_on_a_terminal([sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *args], tmp_path)
     assert code == 0, out
     assert foreign_lines(out) == [], out
     assert "2 trials, 2 ok, 0 failed" in out and "Ray and MLflow messages: rr/demo/driver.log" in out
@@ -108,27 +112,61 @@ def test_demo_grid_console_has_no_line_of_ray_or_mlflow(tmp_path, cache_dir):
     assert "Token authentication is enabled" in log
 
 
+GRID = ["--preset", "demo", "--smoke", "--epochs", "2", "--pe-types", "sinusoidal", "--fusions", "add,concat",
+        "--seeds", "0", "--max-concurrent", "1", "--num-cpus", "2", "--no-dashboard", "--name", "cut"]
+CONTINUE = re.compile(r"continue with: (.+)$")
+
+
+def _finished_trials(db: Path) -> int:
+    """Runs with a final status tag (only trials get one while the sweep runs), read straight from the sqlite
+    file."""
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db, timeout=1) as con:
+            return con.execute(f"SELECT COUNT(*) FROM tags WHERE key = ? AND value IN "
+                               f"({', '.join('?' * len(R.FINAL_STATUSES))})",
+                               (R.TAG_STATUS, *R.FINAL_STATUSES)).fetchone()[0]
+    except sqlite3.OperationalError:  # tables not created yet
+        return 0
+
+
 @pytest.mark.subprocess_ray
-def test_resume_after_an_interruption_has_no_line_of_ray_or_mlflow(tmp_path, cache_dir):
-    # one trial at a time: on resume, three trials have not started (Ray lists each as "Failed to fetch metrics")
-    args = [*DEMO, "--seeds", "0,1", "--epochs", "3", "--num-cpus", "1", "--no-dashboard",
-            *_flags(tmp_path, cache_dir, "cut")]
-    exp = tmp_path / "rr" / "cut"
-    reported = lambda: any(p.stat().st_size for p in exp.glob("*/result.json"))  # noqa: E731
-    code, out = run_on_a_terminal(args, tmp_path, interrupt_when=reported)
+def test_the_printed_resume_command_pasted_in_another_folder_completes_the_sweep_quietly(tmp_path, cache_dir):
+    """Run from a folder other than the clone, the script named by a relative path, and stopped by Ctrl-C once a
+    trial has finished: the command it prints, pasted as is in that folder (`shell=True`), completes the sweep,
+    and neither run prints a line of Ray or MLflow."""
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    script = os.path.relpath(REPO / "sweeps" / "arxiv_grid.py", cwd)
+    db = cwd / "runs.db"
+    args = [*GRID, "--tracking-uri", f"sqlite:///{db}", "--cache-dir", str(cache_dir)]
+    code, out = run_on_a_terminal([sys.executable, script, *args], cwd, interrupt_when=lambda: _finished_trials(db))
     assert code == 130, out
     assert foreign_lines(out) == [], out
-    assert "pending); continue with: " in out
+    match = CONTINUE.search([line.rstrip("\r") for line in out.splitlines() if line.strip()][-1])
+    assert match, out
+    command = match.group(1)
+    interpreter, *typed = shlex.split(command)
+    assert typed == [script, *args, "--resume"]
 
-    code, out = run_on_a_terminal([*args, "--resume"], tmp_path)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    experiment = client.get_experiment_by_name(R.PEFUSION_EXPERIMENT)
+    (parent,) = client.search_runs([experiment.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
+    assert parent.data.tags[R.TAG_COMMAND] == shlex.join([interpreter, script, *args])
+
+    code, out = run_on_a_terminal(command, cwd)
     assert code == 0, out
     assert foreign_lines(out) == [], out
-    assert "4 trials, 4 ok, 0 failed" in out
-    assert re.search(r"Failed to fetch metrics for [1-3] trial\(s\)", (exp / "driver.log").read_text())
+    assert "2 trials, 2 ok, 0 failed" in out
+    rows = pd.read_csv(cwd / "results" / "cut_results_by_seed.csv")
+    assert sorted(rows[R.FUSION]) == ["add", "concat"] and set(rows[R.STATUS]) == {R.STATUS_OK}
 
 
 def test_foreign_lines_are_those_of_ray_mlflow_or_a_terminal_reset():
-    """The rule of the two tests above, on what main's code printed (a resumed demo grid, on a terminal)."""
+    """The rule of the tests above, on what main's code printed (a resumed demo grid, on a terminal)."""
     printed = (
         "4 trials on synthetic-spread: 900 train / 1000 validation / 500 test documents, vocabulary 1006\r\n"
         "2026-11-25 01:12:14,003\tWARNING authentication_token_setup.py:85 -- Token authentication is enabled\r\n"
