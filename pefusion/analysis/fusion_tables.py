@@ -15,7 +15,6 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from pefusion import record as R
 from pefusion.analysis.formats import PCT, PP, display, format_mean_std, length_labels
@@ -164,6 +163,8 @@ def paired_stats(acc: Sequence[float], acc_baseline: Sequence[float]) -> dict[st
     Mean, sample std (ddof=1), 95% t interval, paired t-test and Wilcoxon signed-rank p-values (scipy); a test
     that cannot run (n < 2, all differences zero or all equal) gives NaN and says why in `note`.
     """
+    from scipy import stats  # here: a sweep's own Table 1 needs no test, and scipy.stats takes ~0.4 s to import
+
     a, b = np.asarray(acc, dtype=float), np.asarray(acc_baseline, dtype=float)
     delta = a - b
     n = len(delta)
