@@ -75,6 +75,8 @@ def test_the_sweep_scripts_and_the_installed_commands_run_the_same_main(sweep, m
 CASES = [*((f"sweeps/{sweep}.py", ["--help"], 0) for sweep in SPACES), ("scripts/report.py", ["--help"], 0),
          ("sweeps/arxiv_grid.py", ["--gpus-per-trial", "x"], 2),
          ("sweeps/arxiv_grid.py", ["--pe-types", "nope"], 2),
+         ("sweeps/arxiv_grid.py", ["--cpus-per-trial", "0"], 2),
+         ("sweeps/phase_diagram.py", ["--max-concurrent", "-1"], 2),
          ("sweeps/lr_batch_asha.py", ["--no-such-flag"], 2),
          ("sweeps/lambda_cv.py", ["--alphas", "0"], 2)]
 PROBE = """

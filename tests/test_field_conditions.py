@@ -227,7 +227,7 @@ def test_autoscaling_waits_for_the_request_instead_of_refusing_it(tmp_path, cach
 
 
 def _options(tmp: Path, **kw):
-    from pefusion.sweep.tuner import SweepOptions
+    from pefusion.sweep.options import SweepOptions
 
     return SweepOptions(sweep="arxiv_grid", experiment="pe-fusion", storage_path=str(tmp / "ray_results"),
                         dashboard=False, verbose=0, progress=False, name="s", **kw)

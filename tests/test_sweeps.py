@@ -22,7 +22,7 @@ from pefusion.sweep.tracking import resolve_tracking_uri
 
 
 def _options(tmp: Path, **kw):
-    from pefusion.sweep.tuner import SweepOptions
+    from pefusion.sweep.options import SweepOptions
 
     kw.setdefault("cpus_per_trial", 1.0)
     return SweepOptions(sweep="arxiv_grid", experiment="pe-fusion", storage_path=str(tmp / "ray_results"),

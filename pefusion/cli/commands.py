@@ -12,7 +12,7 @@ import argparse
 from typing import Sequence
 
 from pefusion.cli.flags import (add_data_flags, add_preset_flag, add_search_flags, add_sweep_flags, csv_list,
-                                gpus_per_trial, run_main)
+                                run_main, sweep_options)
 from pefusion.fusion.config import PRESETS
 from pefusion.record import PEFUSION_EXPERIMENT
 
@@ -49,10 +49,11 @@ the page to the sweep's MLflow parent run under results/. Installed as `pefusion
 """
 
 
-def _parse_sweep(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """The flags, and the sweep flag whose check needs no study (a bad --gpus-per-trial ends here in one line)."""
+def _parse_sweep(parser: argparse.ArgumentParser, argv: Sequence[str] | None, sweep: str) -> argparse.Namespace:
+    """The flags, and the checks of the flags every sweep shares, which need no study (a bad --gpus-per-trial or
+    --cpus-per-trial ends here in one line, before torch or Ray load)."""
     args = parser.parse_args(argv)
-    gpus_per_trial(args.gpus_per_trial)
+    sweep_options(args, sweep, argv)
     return args
 
 
@@ -65,7 +66,7 @@ def grid_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, help="maximum epochs per trial (default: the preset's)")
     add_data_flags(parser)
     add_sweep_flags(parser, experiment=PEFUSION_EXPERIMENT, search_space="arxiv_grid.yaml")
-    args = _parse_sweep(parser, argv)
+    args = _parse_sweep(parser, argv, "arxiv_grid")
     from pefusion.cli.fusion import run_arxiv_grid
 
     return run_arxiv_grid(args, argv)
@@ -78,7 +79,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
                      schedulers=("asha", "fifo", "hyperband", "pbt"), default_search="random", default_samples=16)
     add_data_flags(parser)
     add_sweep_flags(parser, experiment=PEFUSION_EXPERIMENT, search_space="lr_batch.yaml")
-    args = _parse_sweep(parser, argv)
+    args = _parse_sweep(parser, argv, "lr_batch_asha")
     from pefusion.cli.fusion import run_lr_batch_asha
 
     return run_lr_batch_asha(args, argv)
@@ -89,7 +90,7 @@ def _student_main(sweep: str, description: str, argv: Sequence[str] | None) -> i
 
     parser = argparse.ArgumentParser(description=description)
     add_student_flags(parser, sweep)
-    return run_student_sweep(sweep, _parse_sweep(parser, argv), argv)
+    return run_student_sweep(sweep, _parse_sweep(parser, argv, sweep), argv)
 
 
 def lambda_cv_main(argv: Sequence[str] | None = None) -> int:

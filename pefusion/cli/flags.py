@@ -199,14 +199,14 @@ def search_space_path(args: argparse.Namespace) -> str:
 
 
 def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | None = None):
-    """The `SweepOptions` of the common flags (imports Ray, so call it after validating everything else).
+    """The `SweepOptions` of the common flags, checked (a bad value ends in one line; imports no Ray).
 
     The command recorded on the MLflow parent run and printed to resume an interrupted sweep is the one this
     process ran; `argv` given (a main called in-process) is the sweep's installed command with `argv`.
     """
     from pefusion import record as R
     from pefusion.sweep.tracking import command_line
-    from pefusion.sweep.tuner import SweepOptions
+    from pefusion.sweep.options import SweepOptions
 
     command = command_line() if argv is None else command_line(argv, program=ENTRY_POINTS[sweep])
 

@@ -32,7 +32,8 @@ from pefusion.errors import SweepInterrupted
 from pefusion.sweep.gpus import AUTO, auto_packing
 from pefusion.sweep.live import LiveSweep, result_rows
 from pefusion.sweep.study import StudySweep
-from pefusion.sweep.tuner import SweepOptions, check_local_request, run_tune
+from pefusion.sweep.options import SweepOptions
+from pefusion.sweep.tuner import check_local_request, run_tune
 
 
 @dataclass

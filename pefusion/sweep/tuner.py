@@ -14,12 +14,9 @@ import contextlib
 import functools
 import logging
 import os
-import shlex
 import signal
 import threading
-import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -33,6 +30,7 @@ from pefusion.sweep import live
 from pefusion.sweep import console
 from pefusion.sweep.gpus import AUTO
 from pefusion.sweep.live import LiveSweep, TrialEvents, error_summary
+from pefusion.sweep.options import SweepOptions
 from pefusion.sweep.space import to_tune
 from pefusion.sweep.study import StudySweep, varying_keys
 from pefusion.sweep.search import checkpoints_to_keep
@@ -45,74 +43,6 @@ os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 # Keep Ray's own console table quiet; the sweeps print their own summary.
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-
-DEFAULT_STORAGE = "ray_results"
-
-
-@dataclass
-class SweepOptions:
-    """The flags every sweep script shares (see `pefusion.cli.flags.add_sweep_flags`)."""
-
-    sweep: str  # arxiv_grid | lr_batch_asha | lambda_cv | phase_diagram
-    experiment: str | None = None  # the MLflow experiment (--experiment); None: the study's
-    name: str | None = None
-    storage_path: str = DEFAULT_STORAGE
-    address: str | None = None  # None: a new local cluster; "auto": a running `ray start --head`
-    cpus_per_trial: float = 1.0
-    gpus_per_trial: float | str = 0.0  # or "auto": decided by `run_sweep` before Ray starts (`pefusion.sweep.gpus`)
-    num_cpus: int | None = None  # CPUs a *local* cluster declares (default: all)
-    num_gpus: float | None = None  # GPUs a *local* cluster declares; logical ones schedule on a CPU machine
-    max_concurrent: int = 0  # 0: as many as resources allow
-    resume: bool = False
-    tracking_uri: str | None = None
-    dashboard: bool = True
-    verbose: int = 1
-    progress: bool = True  # a line as each trial ends and every 30 s (-q: none)
-    max_failures: int = 2  # restarts of a trial whose process or node was lost, from its last checkpoint
-    autoscaling: bool = False  # the cluster adds nodes: a request no node holds now may wait
-    command: str = ""  # the command as typed (its --resume form ends an interrupted sweep's line)
-    tags: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.cpus_per_trial <= 0:
-            raise ConfigError(f"--cpus-per-trial={self.cpus_per_trial} must be > 0")
-        gpus = self.gpus_per_trial
-        if gpus != AUTO and (gpus < 0 or (gpus > 1 and gpus != int(gpus))):
-            raise ConfigError(f"--gpus-per-trial={self.gpus_per_trial} must be a fraction in [0, 1] or a whole number")
-        if self.max_concurrent < 0:
-            raise ConfigError(f"--max-concurrent={self.max_concurrent} must be >= 0")
-        if self.max_failures < 0:
-            raise ConfigError(f"--max-failures={self.max_failures} must be >= 0")
-
-    @property
-    def is_remote_storage(self) -> bool:
-        return "://" in self.storage_path
-
-    def storage_root(self) -> str:
-        return self.storage_path if self.is_remote_storage else str(Path(self.storage_path).resolve())
-
-    def experiment_name(self, preset: str) -> str:
-        """--name, else on --resume the newest local experiment of this sweep and preset, else a fresh name."""
-        if self.name:
-            return self.name
-        prefix = f"{self.sweep}-{preset}-"
-        if self.resume:
-            if self.is_remote_storage:
-                raise ConfigError("--resume with remote storage needs --name (the experiment to resume)")
-            root = Path(self.storage_root())
-            found = sorted((p for p in root.glob(prefix + "*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
-            if not found:
-                raise ConfigError(f"--resume: no experiment {prefix}* in {root}; pass --name of the one to resume")
-            return found[-1].name
-        return prefix + time.strftime("%Y%m%d-%H%M%S")
-
-    def resume_command(self, name: str) -> str:
-        """The command as typed, naming the experiment and asking to resume it."""
-        parts = shlex.split(self.command)
-        extra = ([] if "--name" in parts or any(p.startswith("--name=") for p in parts) else ["--name", name]) + \
-            ([] if "--resume" in parts else ["--resume"])
-        return shlex.join([*parts, *extra])
-
 
 def start_ray(opts: SweepOptions) -> str:
     """Join `--address` or start a local cluster with the dashboard on 127.0.0.1; returns the dashboard URL."""
