@@ -663,3 +663,30 @@ def test_a_new_per_epoch_metric_of_any_trainable_reaches_mlflow_listed_nowhere(l
         assert [m.step for m in client.get_metric_history(run.info.run_id, "toy_final")] == [0]
         assert run.data.metrics["toy_metric"] == 100 * x
         assert set(run.data.metrics) == {"toy_metric", "toy_loss", "toy_final", "epochs_run"}  # none of Ray's
+
+
+def test_a_trial_that_raises_in_a_search_is_recorded_and_the_search_goes_on(local_ray, in_tmp):
+    """With a metric to optimise (a search), Tune refuses a result without it; a trial whose own code raises is
+    still recorded once as an error (the metric NaN beside it) and the other trials run to their end."""
+    from pefusion.errors import KeyRule
+    from pefusion.sweep.driver import run_sweep
+    from pefusion.sweep.space import parse_search_space
+    from pefusion.sweep.study import StudySweep
+
+    def toy(config, **shipped):
+        from ray import tune
+
+        if config["x"] == 2:
+            raise ValueError("x = 2 is a bug")
+        tune.report({"epoch": 1, "score": float(config["x"])})
+        tune.report({"status": "ok", "error": "", "epochs_run": 1, "score": float(config["x"])})
+
+    space = parse_search_space({"x": {"grid": [1, 2, 3]}}, {"x": KeyRule(int)})
+    study = StudySweep(sweep="toy", preset="tiny", experiment="toy-study", space=space, trainable=toy,
+                       ship=dict, check_point=lambda point: None, static_params={}, identity={}, sort_keys=("x",),
+                       run_name=lambda config: "", metric="score", mode="max")
+    opts = _options(in_tmp, max_concurrent=1)
+    opts.experiment, opts.sweep = None, "toy"
+    rows = run_sweep(study, opts, in_tmp / "results").rows
+    assert list(rows["status"]) == ["ok", "error", "ok"]
+    assert rows.loc[1, "error"] == "ValueError: x = 2 is a bug"
