@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from pefusion import record as R
-from pefusion.cli.flags import SEARCH_SPACES, add_preset_flag, csv_list, print_result
+from pefusion.cli.flags import SEARCH_SPACES, add_grid_flags, add_preset_flag, print_result
 from pefusion.fusion.config import PRESETS, split_trial_config
 from pefusion.fusion.config import RULES as PEFUSION_RULES
 from pefusion.sweep.space import load_search_space
@@ -35,9 +35,7 @@ SPACE = SEARCH_SPACES / "arxiv_grid_demo.yaml"
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_preset_flag(parser, default="demo", presets=PRESETS)
-    parser.add_argument("--pe-types", type=csv_list(), help="default: the demo grid's")
-    parser.add_argument("--fusions", type=csv_list(), help="default: the demo grid's")
-    parser.add_argument("--seeds", type=csv_list(int), help="default: the demo grid's")
+    add_grid_flags(parser)  # default: the demo grid's
     parser.add_argument("--concurrency", type=int, default=2, help="trials at once on Ray, one CPU each")
     parser.add_argument("--json", action="store_true", help="one JSON line")
     args = parser.parse_args(argv)

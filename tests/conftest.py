@@ -120,6 +120,16 @@ def has_grid(space) -> bool:
     return any(isinstance(d, Grid) for d in space.values())
 
 
+def count_tokenisations(monkeypatch) -> list:
+    """A list that grows by one each time load_corpus tokenises a corpus (not read from the cache)."""
+    import pefusion.data.corpus
+
+    calls, encode_splits = [], pefusion.data.corpus._encode_splits
+    monkeypatch.setattr(pefusion.data.corpus, "_encode_splits",
+                        lambda *a, **kw: calls.append(1) or encode_splits(*a, **kw))
+    return calls
+
+
 def write_synthetic_corpus(directory: str | Path, n_train: int = 2000, n_val: int = 500, n_test: int = 500,
                            seed: int = 0, num_classes: int = 4) -> dict[str, Path]:  # 4: the corpus default
     """Write train.jsonl, validation.jsonl and test.jsonl of the synthetic corpus into `directory` (the layout

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import pefusion.data.corpus
+from conftest import count_tokenisations
 from pefusion.data import cache
 from pefusion.data.config import DataConfig
 from pefusion.data.corpus import load_corpus
@@ -44,13 +44,6 @@ class InMemory(Source):
 
 def in_memory(docs: dict[str, list[tuple[str, str]]]) -> InMemory:
     return InMemory(tuple((split, tuple(rows)) for split, rows in docs.items()))
-
-
-def count_tokenisations(monkeypatch) -> list:
-    calls, encode_splits = [], pefusion.data.corpus._encode_splits
-    monkeypatch.setattr(pefusion.data.corpus, "_encode_splits",
-                        lambda *a, **kw: calls.append(1) or encode_splits(*a, **kw))
-    return calls
 
 
 def test_a_new_source_is_one_class_and_runs_through_load_corpus_and_the_cache(tmp_path, monkeypatch):

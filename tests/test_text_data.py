@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-import pefusion.data.corpus
+from conftest import count_tokenisations
 from pefusion.data import batching, cache, readers, tokenizer
 from pefusion.data.config import DataConfig
 from pefusion.data.corpus import load_corpus
@@ -155,14 +155,6 @@ def test_encode_truncates_but_keeps_raw_lengths():
 # ---------------------------------------------------------------------------------------------------------
 # Cache
 # ---------------------------------------------------------------------------------------------------------
-
-
-def count_tokenisations(monkeypatch) -> list:
-    """A list that grows by one each time load_corpus tokenises a corpus (not read from the cache)."""
-    calls, encode_splits = [], pefusion.data.corpus._encode_splits
-    monkeypatch.setattr(pefusion.data.corpus, "_encode_splits",
-                        lambda *a, **kw: calls.append(1) or encode_splits(*a, **kw))
-    return calls
 
 
 def test_second_load_reads_the_cache_without_tokenising(tmp_path, monkeypatch):

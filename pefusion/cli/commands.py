@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from pefusion.cli.flags import (add_data_flags, add_preset_flag, add_search_flags, add_sweep_flags, csv_list,
+from pefusion.cli.flags import (add_data_flags, add_grid_flags, add_preset_flag, add_search_flags, add_sweep_flags,
                                 run_main, sweep_options)
 from pefusion.fusion.config import PRESETS
 from pefusion.record import PEFUSION_EXPERIMENT
@@ -60,9 +60,7 @@ def _parse_sweep(parser: argparse.ArgumentParser, argv: Sequence[str] | None, sw
 def grid_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=GRID, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_preset_flag(parser, default="arxiv", presets=PRESETS)
-    parser.add_argument("--pe-types", type=csv_list(), help="narrow the pe_type grid, e.g. sinusoidal,rope")
-    parser.add_argument("--fusions", type=csv_list(), help="narrow the fusion grid, e.g. add,gate_scalar")
-    parser.add_argument("--seeds", type=csv_list(int), help="narrow the seed grid, e.g. 0,1,2")
+    add_grid_flags(parser)
     parser.add_argument("--epochs", type=int, help="maximum epochs per trial (default: the preset's)")
     add_data_flags(parser)
     add_sweep_flags(parser, experiment=PEFUSION_EXPERIMENT, search_space="arxiv_grid.yaml")

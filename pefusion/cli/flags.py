@@ -68,6 +68,13 @@ def csv_list(kind: Callable = str) -> Callable[[str], list]:
     return parse
 
 
+def add_grid_flags(parser: argparse.ArgumentParser) -> None:
+    """--pe-types, --fusions, --seeds: narrow the PE × fusion × seed grid of the search-space file."""
+    parser.add_argument("--pe-types", type=csv_list(), help="narrow the pe_type grid, e.g. sinusoidal,rope")
+    parser.add_argument("--fusions", type=csv_list(), help="narrow the fusion grid, e.g. add,gate_scalar")
+    parser.add_argument("--seeds", type=csv_list(int), help="narrow the seed grid, e.g. 0,1,2")
+
+
 def add_data_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("data (default: the preset's)")
     g.add_argument("--data-dir", help="local folder with train/validation/test files (JSONL, CSV or Parquet; "
