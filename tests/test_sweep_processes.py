@@ -1,6 +1,6 @@
 """Sweeps driven as a user drives them, in separate processes: a driver killed with SIGKILL then `--resume`,
-`--address auto` against a `ray start --head` cluster (of the test's own, on free ports), and tracking on a real
-`mlflow server`."""
+`--address auto` against a `ray start --head` cluster (of the test's own, on free ports). Tracking on a real
+`mlflow server` (its artifacts served by it) is tests/test_tracking_outage.py's sweep."""
 from __future__ import annotations
 
 import json
@@ -12,13 +12,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-import torch
 
 from conftest import REPO, free_port, subprocess_env
 from pefusion import record as R
@@ -193,45 +191,3 @@ def test_address_auto_joins_a_running_cluster(tmp_path, cache_dir, head_node):
     exp = client.get_experiment_by_name("pe-fusion")
     (parent,) = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
     assert parent.data.tags[R.TAG_RAY_ADDRESS] == "auto"
-
-
-@pytest.fixture
-def mlflow_server(tmp_path):
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp_path}/server.db", "--artifacts-destination",
-         str(tmp_path / "server_artifacts"), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=subprocess_env())
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                break
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, "mlflow server did not start"
-            time.sleep(0.5)
-    yield url
-    os.killpg(server.pid, signal.SIGTERM)
-    server.wait(timeout=30)
-
-
-def test_sweep_tracks_to_a_real_mlflow_server(tmp_path, cache_dir, mlflow_server):
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    _sweep(tmp_path, "--preset", "arxiv", "--synthetic", "--smoke", "--pe-types", "learned", "--fusions",
-           "add,gate_cnn", "--seeds", "0", "--name", "server", "--num-cpus", "2", "--no-dashboard",
-           tracking=mlflow_server, cache_dir=cache_dir)
-    client = MlflowClient(mlflow_server)
-    exp = client.get_experiment_by_name("pe-fusion")
-    children = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'trial'")
-    assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children)
-    for child in children:
-        local = mlflow.artifacts.download_artifacts(run_id=child.info.run_id, tracking_uri=mlflow_server,
-                                                    artifact_path=f"{R.ARTIFACT_CHECKPOINT_DIR}/model.pt",
-                                                    dst_path=str(tmp_path / child.info.run_id))
-        state = torch.load(local, weights_only=True)
-        assert "head.weight" in state
-    assert not (tmp_path / "mlartifacts").exists()  # artifacts went to the server, not the working directory

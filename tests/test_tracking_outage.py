@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+import torch
 
 from conftest import REPO, free_port, subprocess_env
 from pefusion import record as R
@@ -377,10 +378,11 @@ def test_a_tracking_server_away_mid_sweep_costs_no_metric(tmp_path, cache_dir, o
             for name in FINAL:
                 assert len(client.get_metric_history(run_id, name)) == 1, (trial_id, name)
             assert child.data.metrics[R.VAL_ACC] == child.data.metrics[R.BEST_VAL_ACC]
-            # the checkpoint reached the server's artifact store
+            # the checkpoint reached the server's artifact store, and loads as the model's weights
             model = download_artifacts(run_id=run_id, tracking_uri=uri,
                                        artifact_path=f"{R.ARTIFACT_CHECKPOINT_DIR}/model.pt",
                                        dst_path=str(tmp_path / "dl" / run_id))
-            assert Path(model).stat().st_size > 0
+            assert "head.weight" in torch.load(model, weights_only=True)
+        assert not (tmp_path / "mlartifacts").exists()  # artifacts went to the server, not the working directory
     finally:
         _stop_server(server, port)
