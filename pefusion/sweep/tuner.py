@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 import signal
 import threading
@@ -193,9 +192,6 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
                 failure_config=tune.FailureConfig(max_failures=opts.max_failures, fail_fast=False),
             ),
         )
-    if opts.verbose < 2:  # Tune's own interruption warnings name Tuner.restore; the driver prints the command
-        for name in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis"):
-            logging.getLogger(name).setLevel(logging.ERROR)
     with _sigterm_as_ctrl_c(), _json_logger_only():
         try:
             tuner.fit()
