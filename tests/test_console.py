@@ -230,6 +230,32 @@ def test_verbose_leaves_the_console_to_ray_and_mlflow(ray_and_mlflow_loggers, tm
     assert capfd.readouterr().out == "" and not (tmp_path / "exp").exists()
 
 
+QUIET_THEN_MLFLOW = """
+import logging, sys
+from pefusion.sweep import console
+console.quiet("rr/exp", verbose=1)
+print("mlflow imported by quiet:", "mlflow" in sys.modules, flush=True)
+import mlflow  # as the recorder's writer thread does, once the redirection is in place
+logging.getLogger("mlflow.store.db.utils").info("an MLflow notice")
+logging.getLogger("mlflow.tracking").warning("an MLflow warning")
+print(open("rr/exp/driver.log").read(), end="")  # (read here: a folder Tune never wrote is removed at exit)
+"""
+
+
+def test_mlflow_imported_after_the_redirection_leaves_the_console_alone(tmp_path):
+    """`quiet` does not import MLflow (a second of the driver's time before any trial starts): MLflow, imported
+    later, must then leave the file in place of its own console handlers."""
+    out = subprocess.run([sys.executable, "-c", QUIET_THEN_MLFLOW], cwd=tmp_path, capture_output=True, text=True,
+                         env=subprocess_env(MLFLOW_CONFIGURE_LOGGING=None),
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    said, log = out.stdout.split("mlflow imported by quiet: ")
+    assert said == "Ray and MLflow messages: rr/exp/driver.log  (-v shows them here)\n"
+    assert log.startswith("False\n")
+    assert "MLflow" not in out.stderr, out.stderr
+    assert "INFO mlflow.store.db.utils: an MLflow notice" in log and "an MLflow warning" in log
+
+
 def test_an_experiment_tune_never_wrote_leaves_no_folder(ray_and_mlflow_loggers, tmp_path):
     console = ray_and_mlflow_loggers
     console.quiet(str(tmp_path / "refused"), verbose=1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,8 @@ LOG_FILE = "driver.log"
 # MLflow's HTTP client (retries while a tracking server is away); py.warnings holds every `warnings.warn`.
 LOGGERS = ("ray", "mlflow", "alembic", "sqlalchemy.engine", "huey", "urllib3", "py.warnings")
 _FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+# MLflow's switch for the console handlers it puts on its loggers when imported (which would undo a redirection).
+MLFLOW_CONFIGURE = "MLFLOW_CONFIGURE_LOGGING"
 
 
 class _LogFile(logging.FileHandler):
@@ -52,22 +55,33 @@ class _Redirect:
         self.path = path
         self.file = _LogFile(path, mode="a", encoding="utf-8")
         self.errors = _OneLineErrors(_shown(path))
-        self.saved: dict[str, tuple[list[logging.Handler], bool]] = {}
+        self.saved: dict[str, tuple[list[logging.Handler], bool, int]] = {}
         self.captured_warnings = logging._warnings_showwarning is not None  # captureWarnings was on already
+        self.mlflow_configure = os.environ.get(MLFLOW_CONFIGURE)
 
     def install(self) -> None:
+        # MLflow, when imported, puts console handlers on its loggers (undoing this) and its logger at INFO.
+        # Imported already: its handlers are replaced below. Not yet: it is asked to leave them, so that its
+        # import (about a second) is made by the recorder's writer thread while Tune starts the trials, not here.
+        if "mlflow" not in sys.modules and self.mlflow_configure is None:
+            os.environ[MLFLOW_CONFIGURE] = "false"
         for name in _loggers():
             logger = logging.getLogger(name)
-            self.saved[name] = (list(logger.handlers), logger.propagate)
+            self.saved[name] = (list(logger.handlers), logger.propagate, logger.level)
             kept = [h for h in logger.handlers if _off_the_console(h)]  # e.g. Ray's own session log of ray.data
             logger.handlers = [*kept, self.file, self.errors]
             logger.propagate = False
+        if logging.getLogger("mlflow").level == logging.NOTSET:  # MLflow's own level: its notices are kept
+            logging.getLogger("mlflow").setLevel(logging.INFO)
         logging.captureWarnings(True)
 
     def restore(self) -> None:
-        for name, (handlers, propagate) in self.saved.items():
+        for name, (handlers, propagate, level) in self.saved.items():
             logger = logging.getLogger(name)
             logger.handlers, logger.propagate = handlers, propagate
+            logger.setLevel(level)
+        if self.mlflow_configure is None:  # an MLflow imported after this configures its loggers as it would
+            os.environ.pop(MLFLOW_CONFIGURE, None)
         if not self.captured_warnings:
             logging.captureWarnings(False)
         self.file.close()
@@ -96,8 +110,8 @@ def quiet(experiment_path: str, verbose: int) -> Path | None:
     restore()
     if verbose >= 2:
         return None
-    import mlflow  # noqa: F401  (MLflow installs its console handlers on import: replace them, not be replaced)
-
+    if os.environ.get(MLFLOW_CONFIGURE, "").lower() in ("true", "1"):  # MLflow was asked to configure its loggers
+        import mlflow  # noqa: F401  (then it does so on import: replace its handlers, not be replaced)
     folder = Path(experiment_path) if "://" not in experiment_path else \
         Path("ray_results") / experiment_path.rstrip("/").rsplit("/", 1)[-1]
     folder.mkdir(parents=True, exist_ok=True)
