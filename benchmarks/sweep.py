@@ -5,18 +5,23 @@ after another in one process (the naive way), and Ray's per-trial scheduling ove
     python scripts/bench_sweep.py --preset demo --seeds 0 --json        # 20 trials, one JSON line
 
 Prints wall-clock seconds of both, their ratio (sequential / Ray), and the overhead per trial:
-(Ray wall × concurrency − Σ time inside the trials) / trials, i.e. what scheduling, process start-up, result
-reporting, checkpointing and MLflow logging add to each trial; and where it goes: how long after the sweep's start
-the first trial runs, the overhead between trials, and how long the sweep takes after its last trial ends. Then the
-floor: the same number of trials on bare Ray Tune in the same cluster (each trial process imports what ours do and
-reports once per epoch, nothing else), its overhead by the same formula, and ours above it.
+(Ray wall × concurrency − Σ time inside the trials) / trials, i.e. the time a trial slot holds no trial, per
+trial; and where it goes, slot by slot: before each slot's first trial (the sweep's start-up), between two trials
+of a slot (result reporting, the final checkpoint, the actor's reset for the next trial), and after a slot's last
+trial while others still run (the end of the grid: trials of unequal length leave a slot idle).
+
+Then the floor: bare Ray Tune in the same cluster running trials of the same lengths, in the same order (each
+imports what ours import, then sleeps through as many epochs as ours ran for as long as ours took and reports
+once per epoch; no checkpoints, no MLflow, no callbacks), its overhead by the same formula, and ours above it:
+what the engine adds. A floor of equal trials would have no idle end of grid, and would count ours against the
+engine although bare Tune pays it too.
 """
 from __future__ import annotations
 
 import argparse
 import tempfile
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 import torch
@@ -71,12 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         study = pefusion_study("bench", args.preset, preset, space, 1.0, corpus=corpus)
         rows = run_sweep(study, opts, f"{tmp}/results").rows
         ray_s = time.perf_counter() - start
-        bare = _bare_tune(len(configs), args.concurrency, preset.train.max_epochs, f"{tmp}/bare")
+        bare = _bare_tune(rows, args.concurrency, f"{tmp}/bare")
     inside_s = _inside_s(rows)
     overhead_s = _overhead_per_trial(ray_s, args.concurrency, inside_s, len(configs))
-    first_s = float(rows["started_at"].min() - wall_start)  # the sweep's start-up, before any trial runs
-    last_s = float(wall_start + ray_s - rows["ended_at"].max())  # its end: results, parent run
-    span_s = ray_s - first_s - last_s
+    idle = _slot_idle(rows, wall_start, ray_s, args.concurrency)
     result = {
         "trials": len(configs), "concurrency": args.concurrency, "sequential_s": round(sequential_s, 2),
         "ray_s": round(ray_s, 2), "ray_cluster_start_s": round(cluster_s, 2),
@@ -84,16 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mean_trial_s_sequential": round(sequential_s / len(configs), 3),
         "mean_trial_s_inside_ray": round(inside_s / len(configs), 3),
         "overhead_per_trial_s": round(overhead_s, 3),
-        # Where the overhead goes: start-up until the first trial runs, between trials, after the last one.
-        "first_trial_starts_after_s": round(first_s, 2),
-        "overhead_between_trials_per_trial_s": round(
-            _overhead_per_trial(span_s, args.concurrency, inside_s, len(configs)), 3),
-        "after_last_trial_s": round(last_s, 2),
-        # The floor: the same number of trials on bare Ray Tune in the same cluster (reused actors, the same
-        # imports in each trial process, one report per epoch; no checkpoints, no MLflow, no callbacks).
+        # Where it goes, per trial: slots waiting for their first trial, between trials, idle at the grid's end.
+        **{f"overhead_{part}_per_trial_s": round(s, 3) for part, s in idle.items()},
         "bare_tune_s": round(bare["wall_s"], 2),
-        "bare_tune_first_trial_starts_after_s": round(bare["first_s"], 2),
         "bare_tune_overhead_per_trial_s": round(bare["overhead_per_trial_s"], 3),
+        **{f"bare_tune_overhead_{part}_per_trial_s": round(s, 3) for part, s in bare["idle"].items()},
         "engine_overhead_above_bare_tune_per_trial_s": round(overhead_s - bare["overhead_per_trial_s"], 3),
         "failed": int((rows[R.STATUS] != R.STATUS_OK).sum()),
     }
@@ -101,30 +99,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _bare_tune(trials: int, concurrency: int, epochs: int, storage: str, epoch_s: float = 0.1) -> dict[str, float]:
-    """Ray Tune's own cost per trial on this cluster: `trials` trials that import what a pefusion trial process
-    imports (torch, Ray Tune, the trainable's modules) and report `epochs` times, `epoch_s` apart; the same
-    formula as the sweep's overhead."""
+def _bare_tune(trials: pd.DataFrame, concurrency: int, storage: str) -> dict[str, Any]:
+    """Ray Tune's own cost per trial on this cluster, for trials as long as `trials` (the sweep's rows, in the
+    order Tune ran them): each imports what a pefusion trial process imports (torch, Ray Tune, the trainable's
+    modules), then sleeps through its epochs and reports after each; the same formulas as the sweep's."""
     from ray import tune
 
     def bare_trial(config: dict) -> None:  # nested, so Ray pickles it by value: benchmarks/ is not installed
         import pefusion.fusion.trainable  # noqa: F401
 
-        started = time.time()
-        for epoch in range(1, config["epochs"] + 1):
-            time.sleep(config["epoch_s"])
+        started, length = time.time(), config["length"]
+        for epoch in range(1, length["epochs"] + 1):
+            time.sleep(length["seconds"] / length["epochs"])
             tune.report({"epoch": epoch, "started_at": started, "ended_at": time.time()})
 
+    order = trials.sort_values("trial_id")  # the grid's order, as Tune made and ran the trials
+    lengths = [{"seconds": float(row.ended_at - row.started_at), "epochs": max(1, int(row[R.EPOCHS_RUN]))}
+               for _, row in order.iterrows()]
     start, wall_start = time.perf_counter(), time.time()
     grid = tune.Tuner(
         tune.with_resources(bare_trial, {"cpu": 1}),
-        param_space={"i": tune.grid_search(list(range(trials))), "epochs": epochs, "epoch_s": epoch_s},
+        param_space={"length": tune.grid_search(lengths)},
         tune_config=tune.TuneConfig(max_concurrent_trials=concurrency, reuse_actors=True),
         run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
     wall_s = time.perf_counter() - start
     frame = grid.get_dataframe()
-    return {"wall_s": wall_s, "first_s": float(frame["started_at"].min() - wall_start),
-            "overhead_per_trial_s": _overhead_per_trial(wall_s, concurrency, _inside_s(frame), trials)}
+    return {"wall_s": wall_s, "idle": _slot_idle(frame, wall_start, wall_s, concurrency),
+            "overhead_per_trial_s": _overhead_per_trial(wall_s, concurrency, _inside_s(frame), len(frame))}
 
 
 def _inside_s(trials: pd.DataFrame) -> float:
@@ -135,3 +136,19 @@ def _inside_s(trials: pd.DataFrame) -> float:
 def _overhead_per_trial(wall_s: float, concurrency: int, inside_s: float, trials: int) -> float:
     """What running on Ray adds to each trial: (wall × concurrency − Σ seconds inside the trials) / trials."""
     return (wall_s * concurrency - inside_s) / trials
+
+
+def _slot_idle(trials: pd.DataFrame, wall_start: float, wall_s: float, concurrency: int) -> dict[str, float]:
+    """The seconds per trial that the `concurrency` slots hold no trial, split into before each slot's first trial
+    (`start`), between two trials of a slot (`between`) and after its last one until the sweep ends (`end`);
+    their sum is `_overhead_per_trial`. A trial takes the slot that has been free the longest (the slots are
+    alike, so which one it really ran in changes nothing)."""
+    free_at = [wall_start] * concurrency  # when each slot's last trial ended
+    used = [False] * concurrency
+    idle = {"start": 0.0, "between": 0.0, "end": 0.0}
+    for _, trial in trials.sort_values("started_at").iterrows():
+        slot = min(range(concurrency), key=lambda i: free_at[i])
+        idle["between" if used[slot] else "start"] += trial.started_at - free_at[slot]
+        free_at[slot], used[slot] = trial.ended_at, True
+    idle["end"] = sum(wall_start + wall_s - t for t in free_at)
+    return {part: s / len(trials) for part, s in idle.items()}
