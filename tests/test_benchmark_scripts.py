@@ -62,6 +62,20 @@ def test_real_text_asha_check_ranks_rungs_against_the_best_epoch():
     assert asha_check(curves[:2]) == []  # two curves rank nothing
 
 
+def test_bench_sweep_splits_the_idle_slot_time_into_start_gaps_and_the_end_of_the_grid():
+    """Four trials on two slots, wall 0 to 3.2 s, worked by hand: slot A runs [0.5, 2] then [2.1, 2.5], slot B
+    [0.7, 1.5] then [1.6, 3]; idle before the first trials 0.5 + 0.7, between 0.1 + 0.1, at the end 0.7 + 0.2."""
+    import pandas as pd
+
+    sys.path.insert(0, str(REPO))
+    from benchmarks.sweep import _overhead_per_trial, _slot_idle
+
+    trials = pd.DataFrame({"started_at": [0.5, 0.7, 1.6, 2.1], "ended_at": [2.0, 1.5, 3.0, 2.5]})
+    idle = _slot_idle(trials, wall_start=0.0, wall_s=3.2, concurrency=2)
+    assert idle == pytest.approx({"start": 1.2 / 4, "between": 0.2 / 4, "end": 0.9 / 4})
+    assert sum(idle.values()) == pytest.approx(_overhead_per_trial(3.2, 2, 4.1, 4))  # 4.1 s inside the trials
+
+
 @pytest.mark.slow
 def test_bench_real_text_prints_its_table_on_a_tiny_corpus(tmp_path):
     """Search, notebook settings, TF-IDF and the paper recipe on 60 short reviews with string labels."""

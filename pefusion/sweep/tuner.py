@@ -33,7 +33,8 @@ from pefusion.sweep.options import SweepOptions
 from pefusion.sweep.space import to_tune
 from pefusion.sweep.study import StudySweep, varying_keys
 from pefusion.sweep.search import checkpoints_to_keep
-from pefusion.sweep.tracking import SweepRecorder, TrackingError, check_tracking, resolve_tracking_uri
+from pefusion.sweep.tracking import (SweepRecorder, TrackingError, check_tracking, import_in_background,
+                                     resolve_tracking_uri)
 
 # Persist Tune's experiment state at least every second, so a driver killed with SIGKILL loses (almost) no
 # finished trial; the state file is tiny next to an epoch of training.
@@ -153,6 +154,7 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
     if not opts.resume and not opts.is_remote_storage and Path(exp_path).exists():
         raise ConfigError(f"experiment {exp_path} exists: pass --resume to continue it, or another --name")
     console.quiet(exp_path, opts.verbose)  # Ray's and MLflow's messages to the experiment's driver.log (-v: here)
+    import_in_background()  # while Ray starts
     started_here = not ray.is_initialized()
     dashboard = start_ray(opts)
     try:  # what the cluster really has (a joined one, or a sweep inside a running ray.init)
