@@ -208,6 +208,7 @@ def test_messages_go_to_the_log_and_an_error_shows_in_one_line(ray_and_mlflow_lo
     logging.getLogger("ray.tune.tune").warning("a Ray warning")
     logging.getLogger("mlflow.store.db.utils").info("an MLflow notice")
     logging.getLogger("alembic.runtime.migration").warning("an alembic warning")
+    logging.getLogger("optuna.study.study").warning("an Optuna warning")  # Ray's Optuna searches
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.warn("a Python warning", UserWarning)
@@ -217,7 +218,7 @@ def test_messages_go_to_the_log_and_an_error_shows_in_one_line(ray_and_mlflow_lo
     out, err = capfd.readouterr()
     assert out == "Ray and MLflow messages: rr/exp/driver.log  (-v shows them here)\n"
     assert err == "Ray: Trials did not complete  (more in rr/exp/driver.log)\n"
-    for said in ("a Ray warning", "an MLflow notice", "an alembic warning", "a Python warning",
+    for said in ("a Ray warning", "an MLflow notice", "an alembic warning", "an Optuna warning", "a Python warning",
                  "Trials did not complete\nTraceback (most recent call last):"):
         assert said in log
 

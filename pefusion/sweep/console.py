@@ -21,8 +21,9 @@ from pathlib import Path
 LOG_FILE = "driver.log"
 # Loggers whose messages leave the console. Ray's and MLflow's roots hold their console handlers (and stop
 # propagation); MLflow gives alembic, sqlalchemy.engine and huey handlers of their own; urllib3 speaks for
-# MLflow's HTTP client (retries while a tracking server is away); py.warnings holds every `warnings.warn`.
-LOGGERS = ("ray", "mlflow", "alembic", "sqlalchemy.engine", "huey", "urllib3", "py.warnings")
+# MLflow's HTTP client (retries while a tracking server is away); optuna's holds its console handler (Ray's
+# Optuna searches: "A new study created in memory"); py.warnings holds every `warnings.warn`.
+LOGGERS = ("ray", "mlflow", "alembic", "sqlalchemy.engine", "huey", "urllib3", "optuna", "py.warnings")
 _FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
 # MLflow's switch for the console handlers it puts on its loggers when imported (which would undo a redirection).
 MLFLOW_CONFIGURE = "MLFLOW_CONFIGURE_LOGGING"
