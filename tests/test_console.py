@@ -247,8 +247,7 @@ def test_mlflow_imported_after_the_redirection_leaves_the_console_alone(tmp_path
     """`quiet` does not import MLflow (a second of the driver's time before any trial starts): MLflow, imported
     later, must then leave the file in place of its own console handlers."""
     out = subprocess.run([sys.executable, "-c", QUIET_THEN_MLFLOW], cwd=tmp_path, capture_output=True, text=True,
-                         env=subprocess_env(MLFLOW_CONFIGURE_LOGGING=None),
-                         timeout=120)
+                         env=subprocess_env(MLFLOW_CONFIGURE_LOGGING=None), timeout=120)
     assert out.returncode == 0, out.stderr
     said, log = out.stdout.split("mlflow imported by quiet: ")
     assert said == "Ray and MLflow messages: rr/exp/driver.log  (-v shows them here)\n"

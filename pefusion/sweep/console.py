@@ -63,7 +63,8 @@ class _Redirect:
     def install(self) -> None:
         # MLflow, when imported, puts console handlers on its loggers (undoing this) and its logger at INFO.
         # Imported already: its handlers are replaced below. Not yet: it is asked to leave them, so that its
-        # import (about a second) is made by the recorder's writer thread while Tune starts the trials, not here.
+        # import (about a second) need not be made here but on a thread while Ray starts
+        # (`tracking.import_in_background`).
         if "mlflow" not in sys.modules and self.mlflow_configure is None:
             os.environ[MLFLOW_CONFIGURE] = "false"
         for name in _loggers():
