@@ -146,9 +146,61 @@ def write_synthetic_corpus(directory: str | Path, n_train: int = 2000, n_val: in
     return paths
 
 
+def write_contradicting_corpus(directory: str | Path, n_train: int = 64, n_test: int = 100,
+                               seed: int = 0) -> Path:
+    """Write train, validation and test JSONL files (the layout `--data-dir` reads) of a two-class corpus on which
+    every epoch that learns scores *lower* on validation, by construction.
+
+    The class is one word (`good` or `bad`, among the first 16 words; a third of the documents are longer than
+    512 words), so a model learns the rule within a few
+    optimiser steps; the validation split is the test split with every label flipped, so a model's validation
+    accuracy is exactly 1 − its test accuracy. With `min_delta: 1` no epoch after the first can count as an
+    improvement (accuracies lie in [0, 1]): the first epoch is the best and early stopping ends a trial after
+    `patience` more, whatever the floating-point path. Those epochs learn the rule (a trial of the smoke model at
+    lr 1e-2, one step per epoch, goes from 50-87 % test accuracy at epoch 1 to 95-100 % at epoch 7 for every seed
+    tried), so the last epoch's weights score higher on test and lower on validation than the best epoch's: a
+    record or checkpoint taken from the last epoch shows. `n_train` of 64 is one batch of the smoke preset.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def docs(n: int) -> list[dict]:
+        out = []
+        for i in range(n):
+            words = [f"w{k}" for k in rng.integers(0, 20, 15)] + ["good" if i % 2 else "bad"]
+            rng.shuffle(words)
+            # every third document runs on past 512 words (a second length bucket; truncation keeps the rule word)
+            tail = [f"w{k}" for k in rng.integers(0, 20, 600 if i % 3 == 2 else 0)]
+            out.append({"text": " ".join(words + tail), "label": i % 2})
+        return out
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    train, test = docs(n_train), docs(n_test)
+    flipped = [{**doc, "label": 1 - doc["label"]} for doc in test]
+    for split, rows in (("train", train), ("validation", flipped), ("test", test)):
+        (directory / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return directory
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("token_cache")
+
+
+@pytest.fixture(scope="session")
+def contradicting_dir(tmp_path_factory) -> Path:
+    """The folder of `write_contradicting_corpus` (what `--data-dir` takes)."""
+    return write_contradicting_corpus(tmp_path_factory.mktemp("contradicting"))
+
+
+@pytest.fixture(scope="session")
+def contradicting_corpus(smoke_preset, contradicting_dir):
+    """`write_contradicting_corpus` loaded as the smoke preset's data (`--smoke --data-dir DIR`)."""
+    from pefusion.data.corpus import load_corpus
+
+    return load_corpus(dataclasses.replace(smoke_preset.data, data_dir=str(contradicting_dir), synthetic=False))
 
 
 @pytest.fixture(scope="session")

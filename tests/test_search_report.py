@@ -107,7 +107,8 @@ def test_figures_mark_stopped_trials():
     expect = {hollow: sorted((a, 100 * s) for i, (a, s) in enumerate(zip(trials["lr"], trials[R.BEST_VAL_ACC]))
                              if (i in stopped) == hollow) for hollow in (True, False)}
     for hollow in (True, False):
-        assert sorted(drawn[hollow]) == pytest.approx(expect[hollow])
+        # (lr, accuracy) pairs as an (n, 2) array: pytest.approx takes no nested lists
+        assert np.array(sorted(drawn[hollow])).reshape(-1, 2) == pytest.approx(np.array(expect[hollow]).reshape(-1, 2))
     # One marker shape per batch size in the lr panel.
     shapes = {}
     for coll in lr_panel.collections:

@@ -19,7 +19,7 @@ from pefusion.record import PEFUSION_EXPERIMENT
 GRID = """The PE × fusion × seed grid of the PE-fusion study (Hallam & Tseng), on Ray Tune, tracked in MLflow.
 Installed as `pefusion-grid`, the same command as `python sweeps/arxiv_grid.py`.
 
-    python sweeps/arxiv_grid.py --preset demo          # the bundled synthetic corpus, 2-3 minutes on 2 cores
+    python sweeps/arxiv_grid.py --preset demo          # the bundled synthetic corpus, about 2 minutes on 2 cores
     python sweeps/arxiv_grid.py                         # the paper's ArXiv-11 grid (Hugging Face hub)
     python sweeps/arxiv_grid.py --data-dir data/        # the paper's data/{train,validation,test}_clean.jsonl
 
