@@ -2,13 +2,15 @@
 packing of the paper's models on token ids of realistic lengths. It imports torch, numpy and this package only
 (no Ray, MLflow or `datasets`), so it runs on a bare GPU machine.
 
-    python scripts/bench_gpu.py --json-out gpu.jsonl               # both models, every fusion, fp32 and bf16
-    python scripts/bench_gpu.py --models arxiv --fusions add,gate_scalar --precisions bf16 --packing 1,4
+    python scripts/bench_gpu.py --json-out gpu.jsonl               # both models, every fusion, auto and fp32
+    python scripts/bench_gpu.py --models arxiv --fusions add,gate_scalar --precisions auto,tf32 --packing 1,4
     python scripts/bench_gpu.py --device cpu --tiny                # a smoke run of seconds, not a measurement
 
 What runs is the library's own training step (`pefusion.fusion.training.Trainer.step`: forward under the
 precision's autocast, fp32 cross-entropy, backward, clipping where the preset clips, optimiser step) on the
-preset's model, optimiser and batch size, with the preset's PE (sinusoidal) and each fusion. The documents are
+preset's model, optimiser and batch size, with the preset's PE (sinusoidal) and each fusion, placed as a trial is
+(`pefusion.fusion.device`: the precision resolved on the device, batch widths rounded up to the pad multiple, the
+attention policy). The documents are
 random token ids (speed does not depend on which ids) whose lengths follow the dataset's (`LENGTHS`), truncated
 to the model's max_len as training truncates them; one epoch = `--steps` batches, so every timed epoch holds the
 same documents. One JSON line per configuration, on stdout and in --json-out:
@@ -36,10 +38,18 @@ same documents. One JSON line per configuration, on stdout and in --json-out:
   together: `samples_per_s` (all processes' samples over the span from the first start to the last end),
   `tokens_per_s`, `process_samples_per_s` and `process_peak_mem_alloc_mib` / `process_peak_mem_reserved_mib`
   (per process; null on a CPU), `oom` and `oom_processes` (out of memory is recorded, not raised) and `errors`.
+- `shapes`, per model × precision × variant: `--shapes` training steps whose batches have as many distinct
+  lengths, then the same steps again: `new_ms_per_step`, `seen_ms_per_step` and `new_over_seen` (what a kernel
+  planned per shape costs the first time), `lengths` and `widths` (distinct batch widths after rounding).
+  `variant` `pefusion` is a trial's way (widths rounded up to the pad multiple, the attention policy); `pytorch`
+  is the naive way in the same run (every width as it comes, PyTorch's own kernel order: cuDNN's attention first on
+  Hopper since torch 2.11).
 
-Every `train` and `packing` line also carries the device (`device`, `device_name`, `torch`), the model (`model`, `pe_type`, `fusion`,
-`precision`, `d_model`, `num_layers`, `max_len`, `batch_size`, `params`), `steps`, `warmup` and
-`fp32_matmul_precision` (PyTorch's default "highest": fp32 matrix products without TF32, as trials run them).
+Every `train`, `packing` and `shapes` line also carries the device (`device`, `device_name`, `torch`), the model
+(`model`, `pe_type`, `fusion`, `d_model`, `num_layers`, `max_len`, `batch_size`, `params`), the precision asked
+for (`precision`, e.g. auto) and run (`precision_resolved`), `pad_multiple`, `attention_policy`, `steps`, `warmup`
+and `fp32_matmul_precision` (`torch.backends.cuda.matmul.fp32_precision`: `ieee`, fp32 products without TF32,
+unless the precision is tf32).
 """
 from __future__ import annotations
 
@@ -49,7 +59,6 @@ import gc
 import itertools
 import multiprocessing as mp
 import os
-import platform
 import queue as queue_module
 import threading
 import time
@@ -64,10 +73,11 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.timing import emit, timed
 from pefusion.cli.flags import csv_list
-from pefusion.data.batching import Batch, batch_order, iter_batches, pad_batch, to_device
+from pefusion.data.batching import Batch, batch_order, batch_width, iter_batches, pad_batch, to_device
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 from pefusion.errors import ConfigError
 from pefusion.fusion.config import FUSIONS, PRECISIONS, PRESETS, Preset, smoke_budget
+from pefusion.fusion.device import device_name
 from pefusion.fusion.training import Trainer
 
 
@@ -166,11 +176,12 @@ def batch_indices(split: EncodedSplit, batch_size: int, batching: str, *, train:
 
 
 def epoch_batches(split: EncodedSplit, batch_size: int, batching: str, *, train: bool, seed: int, epoch: int,
-                  max_len: int, device: torch.device) -> Iterator[Batch]:
-    """One epoch of batches on `device`: `bucketed` through `iter_batches` itself (training's own path),
-    `padded` as (B, max_len) batches."""
+                  max_len: int, device: torch.device, pad_multiple: int) -> Iterator[Batch]:
+    """One epoch of batches on `device`: `bucketed` through `iter_batches` itself (training's own path, widths
+    rounded up to `pad_multiple`), `padded` as (B, max_len) batches."""
     if batching == "bucketed":
-        yield from iter_batches(split, batch_size, shuffle=train, seed=seed, epoch=epoch, device=device)
+        yield from iter_batches(split, batch_size, shuffle=train, seed=seed, epoch=epoch, device=device,
+                                pad_multiple=pad_multiple, max_width=max_len)
         return
     for index in batch_indices(split, batch_size, batching, train=train, seed=seed, epoch=epoch):
         tokens = np.zeros((len(index), max_len), dtype=np.int64)
@@ -179,10 +190,12 @@ def epoch_batches(split: EncodedSplit, batch_size: int, batching: str, *, train:
         yield Batch(*(to_device(torch.from_numpy(a), device) for a in (tokens, split.labels[index], index)))
 
 
-def padding(split: EncodedSplit, batches: Sequence[np.ndarray], batching: str, max_len: int) -> tuple[float, float]:
+def padding(split: EncodedSplit, batches: Sequence[np.ndarray], batching: str, max_len: int,
+            pad_multiple: int) -> tuple[float, float]:
     """(padded share of all batch cells, share of batches without padding) of one epoch's batches."""
     lengths = split.lengths
-    widths = [int(lengths[b].max()) if batching == "bucketed" else max_len for b in batches]
+    widths = [batch_width(int(lengths[b].max()), pad_multiple, max_len) if batching == "bucketed" else max_len
+              for b in batches]
     cells = sum(len(b) * w for b, w in zip(batches, widths))
     unpadded = sum(int(lengths[b].min()) == w for b, w in zip(batches, widths))
     return 1.0 - lengths.sum() / cells, unpadded / len(batches)
@@ -280,18 +293,14 @@ def build(plan: Plan, model: str, fusion: str, precision: str, corpus: EncodedCo
 
 def describe(plan: Plan, model: str, trainer: Trainer) -> dict[str, Any]:
     """The fields every line of a configuration carries."""
-    device, cfg = trainer.device, trainer.model_cfg
+    device, cfg, placement = trainer.device, trainer.model_cfg, trainer.placement
     return {"model": model, "pe_type": cfg.pe_type, "fusion": cfg.fusion, "precision": trainer.train_cfg.precision,
-            "device": device.type, "device_name": device_name(device), "torch": torch.__version__,
-            "d_model": cfg.d_model, "num_layers": cfg.num_layers, "max_len": cfg.max_len,
+            "precision_resolved": placement.precision, "pad_multiple": placement.pad_multiple,
+            "attention_policy": placement.attention.name, "device": device.type, "device_name": device_name(device),
+            "torch": torch.__version__, "d_model": cfg.d_model, "num_layers": cfg.num_layers, "max_len": cfg.max_len,
             "batch_size": trainer.train_cfg.batch_size, "params": sum(p.numel() for p in trainer.model.parameters()),
-            "steps": plan.steps, "warmup": plan.warmup, "fp32_matmul_precision": torch.get_float32_matmul_precision()}
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine()
+            "steps": plan.steps, "warmup": plan.warmup,
+            "fp32_matmul_precision": torch.backends.cuda.matmul.fp32_precision}
 
 
 def warm_up(plan: Plan, trainer: Trainer, batching: str) -> dict[str, int]:
@@ -299,8 +308,8 @@ def warm_up(plan: Plan, trainer: Trainer, batching: str) -> dict[str, int]:
     kernels they ran."""
     split, cfg = trainer.corpus.train, trainer.train_cfg
     batches = list(itertools.islice(epoch_batches(split, cfg.batch_size, batching, train=True, seed=plan.seed,
-                                                  epoch=0, max_len=trainer.model_cfg.max_len,
-                                                  device=trainer.device), plan.warmup))
+                                                  epoch=0, max_len=trainer.model_cfg.max_len, device=trainer.device,
+                                                  pad_multiple=trainer.placement.pad_multiple), plan.warmup))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         run_steps(trainer, (batches[i % len(batches)] for i in range(plan.warmup)))
     return attention_kernels(prof)
@@ -312,19 +321,21 @@ def measure_train(plan: Plan, model: str, fusion: str, precision: str, batching:
     device = torch.device(plan.device)
     trainer = build(plan, model, fusion, precision, corpus)
     split, cfg, max_len = corpus.train, trainer.train_cfg, trainer.model_cfg.max_len
+    multiple = trainer.placement.pad_multiple
     line = {"bench": "train", **describe(plan, model, trainer), "batching": batching}
     pad_share, unpadded = padding(split, batch_indices(split, cfg.batch_size, batching, train=True, seed=plan.seed,
-                                                       epoch=1), batching, max_len)
+                                                       epoch=1), batching, max_len, multiple)
     line.update(padding_fraction=pad_share, unpadded_batch_fraction=unpadded, oom=False)
     oom = ""
     try:
         reset_peak_memory(device)
         kernels = warm_up(plan, trainer, batching)
         samples, wall, _ = timed(lambda: run_steps(trainer, epoch_batches(
-            split, cfg.batch_size, batching, train=True, seed=plan.seed, epoch=1, max_len=max_len, device=device)))
+            split, cfg.batch_size, batching, train=True, seed=plan.seed, epoch=1, max_len=max_len, device=device,
+            pad_multiple=multiple)))
         alloc, reserved = peak_memory_mib(device)
         eval_batches = list(epoch_batches(split, cfg.batch_size, batching, train=False, seed=plan.seed, epoch=0,
-                                          max_len=max_len, device=device))
+                                          max_len=max_len, device=device, pad_multiple=multiple))
         ok, refused = sdpa_backends(trainer, eval_batches[0])
         with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof, trainer.autocast():
             trainer.model(eval_batches[0].tokens)
@@ -341,6 +352,59 @@ def measure_train(plan: Plan, model: str, fusion: str, precision: str, batching:
                 peak_mem_alloc_mib=alloc, peak_mem_reserved_mib=reserved, attention_kernels=kernels,
                 sdpa_backends_ok=ok, sdpa_backends_refused=refused, latency_ms_per_sample=lat_mean,
                 latency_ms_std=lat_std, latency_attention_kernels=attention_kernels(prof))
+    return line
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Shapes: a step on new lengths against a step on lengths seen
+# --------------------------------------------------------------------------------------------------------------
+
+# `pefusion`: what a trial does (widths rounded up to its pad multiple, its attention policy: cuDNN's attention off
+# on a GPU); `pytorch`: the naive way, every width as the lengths come, under PyTorch's own kernel order (on Hopper
+# since torch 2.11, cuDNN's attention first, which builds an execution graph per new shape).
+SHAPE_VARIANTS = ("pefusion", "pytorch")
+
+
+def shape_lengths(max_len: int, n: int) -> list[int]:
+    """`n` distinct document lengths spread over [max_len/5, 4·max_len/5): for max_len 512 and n 60, 102..404."""
+    lo, hi = max_len // 5, 4 * max_len // 5
+    return sorted({lo + (hi - lo) * i // n for i in range(n)})
+
+
+def measure_shapes(plan: Plan, model: str, precision: str, variant: str, n: int,
+                   corpus: EncodedCorpus) -> dict[str, Any]:
+    """One `shapes` line: after warm-up steps at max_len, `n` training steps whose batches have `n` distinct
+    lengths (every document of a batch that long), then the same `n` again: ms per step of each pass. A kernel
+    planned per shape is paid on the first pass only."""
+    trainer = build(plan, model, "add", precision, corpus)
+    device, max_len = trainer.device, trainer.model_cfg.max_len
+    multiple = trainer.placement.pad_multiple if variant == "pefusion" else 1
+    if variant == "pytorch" and device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(True)  # PyTorch's default, which the trial's policy turned off
+    rng = np.random.default_rng(plan.seed)
+    batch_size, vocab = plan.batch_size(model), corpus.vocab_size
+
+    def batch(length: int) -> Batch:
+        tokens = np.zeros((batch_size, batch_width(length, multiple, max_len)), dtype=np.int64)
+        tokens[:, :length] = rng.integers(2, vocab, (batch_size, length))
+        labels = rng.integers(0, corpus.num_classes, batch_size)
+        return Batch(*(to_device(torch.from_numpy(a), device) for a in (tokens, labels, np.arange(batch_size))))
+
+    lengths = shape_lengths(max_len, n)
+    trainer.model.train()
+    line = {"bench": "shapes", **describe(plan, model, trainer), "variant": variant, "lengths": len(lengths),
+            "widths": len({batch_width(t, multiple, max_len) for t in lengths}), "oom": False}
+    try:
+        run_steps(trainer, (batch(max_len) for _ in range(plan.warmup)))  # the CUDA context, cuBLAS's handles
+        passes = [timed(lambda: run_steps(trainer, (batch(t) for t in lengths)))[1] for _ in ("new", "seen")]
+    except torch.OutOfMemoryError as exc:
+        line.update(oom=True, error=str(exc).splitlines()[0])
+        passes = []
+    trainer = None
+    release(device)
+    if passes:
+        new, seen = (1000.0 * s / len(lengths) for s in passes)
+        line.update(new_ms_per_step=new, seen_ms_per_step=seen, new_over_seen=new / seen)
     return line
 
 
@@ -384,7 +448,7 @@ def pack_worker(rank: int, k: int, plan: Plan, configs: list[tuple[str, str, str
                 start = time.monotonic()
                 out["samples"] = run_steps(trainer, epoch_batches(
                     corpus.train, cfg.batch_size, "bucketed", train=True, seed=plan.seed, epoch=1,
-                    max_len=trainer.model_cfg.max_len, device=device))
+                    max_len=trainer.model_cfg.max_len, device=device, pad_multiple=trainer.placement.pad_multiple))
                 out.update(start=start, end=time.monotonic())
                 out["peak_alloc"], out["peak_reserved"] = peak_memory_mib(device)
         except torch.OutOfMemoryError:
@@ -473,11 +537,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                          "thread per process; a check that the benchmark runs, not a measurement")
     ap.add_argument("--models", type=csv_list(), default=list(LENGTHS), help=f"from {', '.join(LENGTHS)}")
     ap.add_argument("--fusions", type=csv_list(), help=f"default: all input fusions ({', '.join(INPUT_FUSIONS)})")
-    ap.add_argument("--precisions", type=csv_list(), default=list(PRECISIONS), help="fp32, bf16 (autocast)")
+    ap.add_argument("--precisions", type=csv_list(),
+                    help="from auto (a trial's default: bf16 on a GPU that has it, else fp32), fp32, tf32, bf16 "
+                         "(default: auto,fp32; with --tiny auto,bf16)")
     ap.add_argument("--batchings", type=csv_list(), default=list(BATCHINGS), help="bucketed (training's), padded")
     ap.add_argument("--packing", type=csv_list(int), help="processes at once, K (default 1,2,4,8)")
     ap.add_argument("--packing-fusions", type=csv_list(),
                     help="fusions measured packed (default: add; the fusion is a small part of a step)")
+    ap.add_argument("--shapes", type=int,
+                    help="distinct lengths of the `shapes` lines (new lengths, then seen ones; default 60, with --tiny "
+                         "4; 0: no shapes lines)")
     ap.add_argument("--steps", type=int, help="timed training steps = batches of the corpus (default 20)")
     ap.add_argument("--warmup", type=int, help="untimed steps before them, profiled for the kernel (default 3)")
     ap.add_argument("--latency-repeats", type=int, help="timed eval passes over the corpus (default 3)")
@@ -486,6 +555,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     tiny = args.tiny
     for key, full, small in (("fusions", list(INPUT_FUSIONS), ["add"]), ("packing", [1, 2, 4, 8], [1, 2]),
+                             ("precisions", ["auto", "fp32"], ["auto", "bf16"]), ("shapes", 60, 4),
                              ("packing_fusions", ["add"], ["add"]), ("steps", 20, 2), ("warmup", 3, 1),
                              ("latency_repeats", 3, 1)):
         if getattr(args, key) is None:
@@ -502,6 +572,8 @@ def check_args(args: argparse.Namespace) -> None:
         bad = [v for v in values if v not in allowed]
         if bad or not values:
             raise ConfigError(f"{flag} {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(allowed)}")
+    if args.shapes < 0:
+        raise ConfigError(f"--shapes {args.shapes} must be >= 0 (0: no shapes lines)")
     for flag, value, why in (("--steps", args.steps, ""), ("--latency-repeats", args.latency_repeats, ""),
                              ("--warmup", args.warmup, " (the warm-up steps show which attention kernel runs)")):
         if value < 1:
@@ -530,6 +602,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for precision in args.precisions:
                     for batching in args.batchings:
                         emit(measure_train(plan, model, fusion, precision, batching, corpus), out)
+            for precision in args.precisions:
+                for variant in SHAPE_VARIANTS if args.shapes else ():
+                    emit(measure_shapes(plan, model, precision, variant, args.shapes, corpus), out)
         configs = [(m, f, p) for m in args.models for f in args.packing_fusions for p in args.precisions]
         fields = {}
         for config in configs:  # what each line says about its configuration, from a trainer built here

@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         opts = SweepOptions(sweep="bench", experiment="bench", storage_path=f"{tmp}/ray", cpus_per_trial=1.0,
-                            num_cpus=args.concurrency, max_concurrent=args.concurrency, dashboard=False,
+                            gpus_per_trial=0.0, num_cpus=args.concurrency, max_concurrent=args.concurrency, dashboard=False,
                             verbose=0, tracking_uri=f"sqlite:///{tmp}/mlflow.db")
         start = time.perf_counter()
         start_ray(opts)

@@ -57,6 +57,18 @@ STATUS_RUNNING = "running"  # the MLflow status tag of a trial's run while it tr
 ERROR = "error"  # the reason, in the record, the CSV and the MLflow tag
 NODE = "node_id"  # the Ray node that ran the trial (reported by the trainable; a CSV column and an MLflow tag)
 
+# --- what a trial learns about itself where it runs -----------------------------------------------------------
+# A result may carry TRIAL_INFO, {name: value}: what only the trial's own process can know (the device Ray gave it,
+# what `auto` resolved to there). Each entry becomes a param of the trial's run once reported, and a column of the
+# results CSV; a config key among them (`StudySweep.resolved_keys`) is recorded from here, not from the config.
+TRIAL_INFO = "trial_info"
+DEVICE = "device"  # the torch device the trial trained on (the config's `auto` resolved), e.g. cuda:0
+DEVICE_NAME = "device_name"  # the card's name (NVIDIA H200), or the CPU's model name
+PRECISION = "precision"  # fp32, tf32 or bf16 (the config's `auto` resolved)
+PAD_MULTIPLE = "pad_multiple"  # batch widths were rounded up to a multiple of this (the config's 0 resolved)
+ATTENTION = "attention"  # the attention kernels the trial's process let PyTorch pick
+VISIBLE_DEVICES = "visible_devices"  # CUDA_VISIBLE_DEVICES as Ray set it for the trial
+
 # --- MLflow tags ----------------------------------------------------------------------------------------------
 TAG_PARENT = "mlflow.parentRunId"
 TAG_GIT_COMMIT = "mlflow.source.git.commit"

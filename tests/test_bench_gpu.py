@@ -18,9 +18,10 @@ from conftest import REPO, subprocess_env
 
 GPU_MACHINE_PACKAGES = ("torch", "numpy", "pandas", "pyyaml")
 KERNELS = {"flash", "efficient", "cudnn", "math", "chunked"}
-TINY = {"models": ("arxiv", "agnews_imdb"), "fusions": ("add",), "precisions": ("fp32", "bf16"),
+TINY = {"models": ("arxiv", "agnews_imdb"), "fusions": ("add",), "precisions": ("auto", "bf16"),
         "batchings": ("bucketed", "padded"), "packing": (1, 2), "steps": 2, "warmup": 1, "batch_size": 4,
-        "max_len": 128}
+        "max_len": 128, "shapes": 4}
+RESOLVED_ON_A_CPU = {"auto": "fp32", "bf16": "bf16"}
 
 # Installed in every process of the run (sitecustomize runs at interpreter start, spawned workers included): the
 # finder of installed modules hides every top-level module outside the allowed set, so that importing it fails
@@ -120,6 +121,12 @@ def test_one_line_per_configuration_on_stdout_and_in_the_file(tiny_run):
     assert len(_by_bench(lines, "train")) == len(train)
     packing = [(p["model"], p["fusion"], p["precision"], p["k"]) for p in _by_bench(lines, "packing")]
     assert sorted(packing) == sorted(itertools.product(TINY["models"], ["add"], TINY["precisions"], TINY["packing"]))
+    shapes = [(p["model"], p["precision"], p["variant"]) for p in _by_bench(lines, "shapes")]
+    assert sorted(shapes) == sorted(itertools.product(TINY["models"], TINY["precisions"], ("pefusion", "pytorch")))
+    for line in _by_bench(lines, "train") + _by_bench(lines, "packing") + _by_bench(lines, "shapes"):
+        # what each precision ran at on this CPU, with a trial's pad multiple (1 on a CPU) and attention policy
+        assert line["precision_resolved"] == RESOLVED_ON_A_CPU[line["precision"]]
+        assert line["pad_multiple"] == 1 and "chunked" in line["attention_policy"]
 
 
 def test_corpus_lines_state_the_lengths_that_were_trained_on(tiny_run):
@@ -137,7 +144,7 @@ def test_train_lines_have_sane_rates_memory_kernels_and_latency(tiny_run):
     corpora = {c["model"]: c for c in _by_bench(lines, "corpus")}
     for t in _by_bench(lines, "train"):
         corpus, where = corpora[t["model"]], (t["model"], t["fusion"], t["precision"], t["batching"])
-        assert t["device"] == "cpu" and t["oom"] is False and t["precision"] in ("fp32", "bf16"), where
+        assert t["device"] == "cpu" and t["oom"] is False and t["precision"] in TINY["precisions"], where
         assert (t["steps"], t["warmup"], t["batch_size"]) == (TINY["steps"], TINY["warmup"], TINY["batch_size"])
         assert t["samples"] == corpus["n_docs"] and t["train_samples_per_s"] > 0, where
         # tokens/s counts the tokens kept per document (truncated to max_len), not the padding
@@ -149,7 +156,7 @@ def test_train_lines_have_sane_rates_memory_kernels_and_latency(tiny_run):
         # every attention call of the warm-up steps (one per layer per step) is attributed to one known kernel
         assert set(t["attention_kernels"]) <= KERNELS
         assert sum(t["attention_kernels"].values()) == t["warmup"] * t["num_layers"], where
-        if t["precision"] == "fp32":  # training with dropout on a CPU runs pefusion's own attention kernel
+        if t["precision_resolved"] == "fp32":  # training with dropout on a CPU runs pefusion's own attention kernel
             assert t["attention_kernels"] == {"chunked": t["warmup"] * t["num_layers"]}
         assert set(t["latency_attention_kernels"]) <= KERNELS - {"chunked"}
         assert sum(t["latency_attention_kernels"].values()) == t["num_layers"]
@@ -177,9 +184,29 @@ def test_packing_lines_have_one_entry_per_process_and_an_aggregate_rate(tiny_run
         assert p["tokens_per_s"] == pytest.approx(p["samples_per_s"] * _mean_tokens(corpora[p["model"]]), rel=2e-3)
 
 
+def test_shapes_lines_time_new_lengths_then_the_same_lengths_seen(tiny_run):
+    """One line per model, precision and variant: the same distinct lengths twice, ms per step of each pass; with
+    a CPU's pad multiple of 1 every length is its own width."""
+    lines, _, _ = tiny_run
+    for line in _by_bench(lines, "shapes"):
+        where = (line["model"], line["precision"], line["variant"])
+        assert line["oom"] is False and line["lengths"] == TINY["shapes"] == line["widths"], where
+        assert line["new_ms_per_step"] > 0 and line["seen_ms_per_step"] > 0, where
+        assert line["new_over_seen"] == pytest.approx(line["new_ms_per_step"] / line["seen_ms_per_step"], rel=2e-3)
+
+
+def test_shape_lengths_are_distinct_and_a_gpus_pad_multiple_leaves_few_widths():
+    from benchmarks.gpu import shape_lengths
+    from pefusion.data.batching import batch_width
+
+    lengths = shape_lengths(512, 60)
+    assert len(lengths) == 60 and lengths[0] == 102 and lengths[-1] < 410
+    assert sorted({batch_width(t, 64, 512) for t in lengths}) == [128, 192, 256, 320, 384, 448]
+
+
 def test_a_bad_flag_is_one_line_and_exit_code_2(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--device", "cpu", "--tiny",
                            "--precisions", "fp16"], capture_output=True, text=True, cwd=tmp_path,
                           env=subprocess_env(), timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip() == "error: --precisions fp16 is not allowed; choose from fp32, bf16"
+    assert proc.stderr.strip() == "error: --precisions fp16 is not allowed; choose from auto, fp32, tf32, bf16"

@@ -29,6 +29,7 @@ DEMO = ["--preset", "demo", "--pe-types", "sinusoidal", "--fusions", "add,gate_s
 TABLE_ROW = re.compile(r"sinusoidal\s+(add|gate_scalar|concat)\s")
 # The sweep's own lines: what the driver and the command print (a sweep's one-line error included).
 OURS = [TABLE_ROW, *(re.compile(p) for p in (
+    r"--gpus-per-trial auto \(the default\): ",  # where the trials run (a machine without a GPU: the CPU)
     r"\d+ trials on ",  # what the sweep runs on
     r"Ray and MLflow messages: ",
     r"Ray dashboard: http",
@@ -186,6 +187,14 @@ def test_foreign_lines_are_those_of_ray_mlflow_or_a_terminal_reset():
         "- pefusion_trainable_2e50", "\x1b[0m"]
 
 
+def _handlers(name: str) -> list[logging.Handler]:
+    """A logger's handlers but pytest's own: pytest >= 9 puts a capture handler on every logger that does not
+    propagate, one per test phase, so which of them a logger holds depends on when it stopped propagating."""
+    from _pytest.logging import LogCaptureHandler
+
+    return [h for h in logging.getLogger(name).handlers if not isinstance(h, LogCaptureHandler)]
+
+
 @pytest.fixture
 def ray_and_mlflow_loggers(monkeypatch, tmp_path):
     """Ray's and MLflow's loggers as they are once both are imported; put back whatever a test leaves."""
@@ -194,12 +203,10 @@ def ray_and_mlflow_loggers(monkeypatch, tmp_path):
     from pefusion.sweep import console
 
     monkeypatch.chdir(tmp_path)
-    before = {name: (list(logging.getLogger(name).handlers), logging.getLogger(name).propagate)
-              for name in console.LOGGERS}
+    before = {name: (_handlers(name), logging.getLogger(name).propagate) for name in console.LOGGERS}
     yield console
     console.restore()  # the loggers as they were
-    assert before == {name: (list(logging.getLogger(name).handlers), logging.getLogger(name).propagate)
-                      for name in console.LOGGERS}
+    assert before == {name: (_handlers(name), logging.getLogger(name).propagate) for name in console.LOGGERS}
 
 
 def test_messages_go_to_the_log_and_an_error_shows_in_one_line(ray_and_mlflow_loggers, tmp_path, capfd):
@@ -225,9 +232,9 @@ def test_messages_go_to_the_log_and_an_error_shows_in_one_line(ray_and_mlflow_lo
 
 def test_verbose_leaves_the_console_to_ray_and_mlflow(ray_and_mlflow_loggers, tmp_path, capfd):
     console = ray_and_mlflow_loggers
-    before = {name: list(logging.getLogger(name).handlers) for name in console.LOGGERS}
+    before = {name: _handlers(name) for name in console.LOGGERS}
     assert console.quiet(str(tmp_path / "exp"), verbose=2) is None
-    assert before == {name: list(logging.getLogger(name).handlers) for name in console.LOGGERS}
+    assert before == {name: _handlers(name) for name in console.LOGGERS}
     assert capfd.readouterr().out == "" and not (tmp_path / "exp").exists()
 
 

@@ -159,17 +159,21 @@ def test_the_probe_measures_the_largest_sizes_of_each_kind_of_trial():
     assert all(t.lr in (1e-4, 1e-2) and t.seed in (0, 1, 2) for _, t in trials)  # values of real points
 
 
-def test_the_probe_trains_on_full_length_batches_of_the_trials_size():
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_probe_trains_on_full_width_padded_batches_of_the_trials_size(seed):
+    """With a GPU's pad multiple every probe batch is (batch_size, max_len) and has padding (ALiBi's padded path
+    builds a (B, H, T, T) bias), whatever order the seed shuffles the batches into."""
     from pefusion.data.batching import iter_batches
     from pefusion.fusion.probe import probe_corpus
 
-    corpus = probe_corpus(batch_size=5, tokens=7, vocab_size=11)
-    train = [b.tokens for b in iter_batches(corpus.train, 5, shuffle=True)]
-    validation = [b.tokens for b in iter_batches(corpus.validation, 5, shuffle=False)]
-    assert [tuple(t.shape) for t in train] == [(5, 7), (5, 7)] and [tuple(t.shape) for t in validation] == [(5, 7)]
-    ids = torch.cat([t.flatten() for t in train + validation])
-    assert ids.min() >= 2 and ids.max() <= 10  # inside the vocabulary, and no padding (0) shortens a document
-    assert corpus.vocab_size == 11 and corpus.max_len == 7
+    corpus = probe_corpus(batch_size=5, tokens=8, vocab_size=11)
+    batches = [b.tokens for b in iter_batches(corpus.train, 5, shuffle=True, seed=seed, pad_multiple=4, max_width=8)]
+    batches += [b.tokens for b in iter_batches(corpus.validation, 5, shuffle=False, pad_multiple=4, max_width=8)]
+    assert [tuple(t.shape) for t in batches] == [(5, 8)] * 3
+    assert all(bool((t == 0).any()) for t in batches)  # every batch has padding
+    real = torch.cat([t[t != 0] for t in batches])
+    assert real.min() >= 2 and real.max() <= 10 and len(real) == 3 * 5 * 8 - (3 * 5 - 2)  # one short token per doc
+    assert corpus.vocab_size == 11 and corpus.max_len == 8
 
 
 # --- a real sweep ------------------------------------------------------------------------------------------

@@ -162,6 +162,14 @@ def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, 
     assert (params[R.PE_TYPE], params[R.FUSION], params[R.SEED], params[R.DATASET]) == ("learned", "gate_cnn", "3",
                                                                                         "synthetic")
     assert params["d_model"] == str(smoke_preset.model.d_model) and params["lr"] == str(smoke_preset.train.lr)
+    # what the trial resolved where it ran (the preset asks for precision auto, pad multiple 0 and device auto),
+    # in its run and its CSV row
+    from pefusion.fusion.device import device_name
+
+    assert (smoke_preset.train.precision, smoke_preset.train.pad_multiple) == ("auto", 0)
+    resolved = {R.PRECISION: "fp32", R.PAD_MULTIPLE: "1", R.DEVICE: "cpu", R.DEVICE_NAME: device_name(torch.device("cpu"))}
+    assert {k: params[k] for k in resolved} == resolved
+    assert {k: str(rows.loc[0, k]) for k in resolved} == resolved
     for name in FINAL_METRICS:
         assert name in run.data.metrics, name
     epochs = int(run.data.metrics[R.EPOCHS_RUN])

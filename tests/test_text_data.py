@@ -519,6 +519,31 @@ def test_iter_batches_rows_are_docs_then_padding():
     assert sorted(seen) == list(range(len(split)))  # every doc exactly once
 
 
+@pytest.mark.parametrize("multiple,max_width", [(64, 256), (64, 200), (7, 256), (1, None)])
+def test_iter_batches_rounds_widths_up_to_the_pad_multiple_never_past_max_width(multiple, max_width):
+    """Every width is the batch's longest document rounded up to the multiple, or max_width where that is less
+    (with max_width 200, no multiple of 64, the widest batches stop at 200); the documents and their padding as
+    before."""
+    split = varied_split(max_len=200)
+    widths = set()
+    for shuffle in (True, False):
+        for batch in batching.iter_batches(split, 32, shuffle=shuffle, seed=3, pad_multiple=multiple,
+                                           max_width=max_width):
+            longest = int(split.lengths[batch.index.numpy()].max())
+            width = batch.tokens.shape[1]
+            rounded = -(-longest // multiple) * multiple
+            assert width == (rounded if max_width is None else min(rounded, max_width)), (longest, width)
+            assert width % multiple == 0 or width == max_width
+            for row, i, n in zip(batch.tokens.numpy(), batch.index.numpy(), split.lengths[batch.index.numpy()]):
+                np.testing.assert_array_equal(row[:n], split.doc(i))
+                assert (row[n:] == PAD_ID).all()
+            widths.add(width)
+    if multiple == 64:
+        assert widths <= {64, 128, 192, 256, max_width}  # few shapes
+    widest = -(-200 // multiple) * multiple  # the longest documents (200 tokens): never cut, never past max_width
+    assert max(widths) == (widest if max_width is None else min(widest, max_width))
+
+
 def test_iter_batches_order_is_deterministic_per_seed_and_epoch():
     split = varied_split()
 

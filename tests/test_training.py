@@ -143,6 +143,25 @@ def test_final_record_is_the_best_epochs_weights_not_the_last(smoke_preset, cont
     assert record[R.TEST_MACRO_F1] == pytest.approx(f1_score(corpus.test.labels, best_preds, average="macro"))
 
 
+@pytest.mark.parametrize("pe_type,fusion", [("alibi", "none"), ("rotary", "none"), ("sinusoidal", "gate_cnn")])
+def test_an_epoch_on_batches_padded_to_64_equals_one_on_unpadded_batches(smoke_preset, smoke_corpus, pe_type, fusion):
+    """A GPU's pad multiple (64) changes no number of an epoch: padding is masked in attention (ALiBi's bias and
+    rotary's positions included), in gate_cnn's convolution and in the pooling. Without dropout, whose draws
+    depend on the batch's shape; fp32 on the CPU; up to float rounding (the padded sums add more zeros)."""
+    model = dataclasses.replace(smoke_preset.model, pe_type=pe_type, fusion=fusion, dropout=0.0)
+    epochs = {}
+    for multiple in (1, 64):
+        # batches of 8: a third of the documents are shorter than max_len (128), so many widths without rounding
+        train = dataclasses.replace(smoke_preset.train, pad_multiple=multiple, precision="fp32", device="cpu",
+                                    batch_size=8)
+        trainer = Trainer(model, train, smoke_corpus)
+        assert trainer.placement.pad_multiple == multiple
+        widths = {b.tokens.shape[1] for b in trainer.batches(smoke_corpus.train, shuffle=True)}
+        assert (widths <= {64, 128}) if multiple == 64 else len(widths) > 2
+        epochs[multiple] = trainer.train_epoch()
+    assert epochs[64] == pytest.approx(epochs[1], abs=1e-5, rel=0)
+
+
 def test_record_has_every_spec_field(smoke_preset, smoke_corpus):
     model, train = _cfgs(smoke_preset, max_epochs=1)
     record = train_and_evaluate(model, train, smoke_corpus, length_edges=(64, 256, 1024))

@@ -116,10 +116,11 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_
     g.add_argument("--address", help="Ray cluster to join: 'auto' for a running `ray start --head` "
                                      "(default: start a local cluster)")
     g.add_argument("--cpus-per-trial", type=float, default=1.0, help="CPUs per trial; torch uses that many threads")
-    g.add_argument("--gpus-per-trial", default="0", metavar="G|auto",
+    g.add_argument("--gpus-per-trial", default=None, metavar="G|auto",
                    help="GPUs per trial; a fraction shares a GPU (0.25: four trials per GPU, memory permitting); "
-                        "auto: measure the largest trial's peak memory and pack as many per GPU as fit, with a "
-                        "margin (none on a machine without a GPU)")
+                        "auto (the default): measure the largest trial's peak memory on this machine's GPU and "
+                        "pack as many per GPU as fit, with a margin; none where no GPU is visible (and, left out, "
+                        "for a driver without a GPU that joins a cluster: give G there)")
     g.add_argument("--num-cpus", type=int, help="CPUs a local cluster declares (default: all)")
     g.add_argument("--num-gpus", type=float, help="GPUs a local cluster declares (default: detected)")
     g.add_argument("--max-concurrent", type=int, default=0, help="trials at once (default: resources decide)")
@@ -179,11 +180,14 @@ def search_plan(args: argparse.Namespace, max_t: int = 1):
                       perturbation_interval=getattr(args, "perturbation_interval", 2))
 
 
-def gpus_per_trial(text: str) -> float | str:
-    """The value of --gpus-per-trial: a number, or 'auto'. Parsed here rather than by argparse so that a bad value
-    ends in one line like every other user error (argparse would print its usage first)."""
+def gpus_per_trial(text: str | None) -> float | str | None:
+    """The value of --gpus-per-trial: a number, 'auto', or None where it was left out. Parsed here rather than by
+    argparse so that a bad value ends in one line like every other user error (argparse would print its usage
+    first)."""
     from pefusion.sweep.gpus import AUTO
 
+    if text is None:
+        return None
     if text.strip().lower() == AUTO:
         return AUTO
     try:

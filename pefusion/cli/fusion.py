@@ -101,7 +101,8 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         shown={R.TEST_ACC: lambda v: f"test {100 * v:.1f} %", R.VAL_ACC: lambda v: f"val {100 * v:.1f} %"},
         labels={"batch_size": "batch"}, best_metric=R.BEST_VAL_ACC, describe=line,
         results_file="results_by_seed", tables=lambda rows: {"results_aggregated": aggregate_rows(rows)},
-        gpu_probe=functools.partial(largest_trial_peak, base=preset), **search)
+        gpu_probe=functools.partial(largest_trial_peak, base=preset),
+        resolved_keys=(R.DEVICE, R.PRECISION, R.PAD_MULTIPLE), **search)
 
 
 def corpus_settings(space: SearchSpace, preset: Preset) -> dict[str, DataConfig]:

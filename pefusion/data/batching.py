@@ -44,11 +44,19 @@ def batch_order(lengths: np.ndarray, batch_size: int, *, shuffle: bool, seed: in
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def pad_batch(split: EncodedSplit, index: np.ndarray) -> np.ndarray:
-    """Documents `index` of `split` as a 0-padded (B, T) int64 array, T = the longest of them: one gather."""
+def batch_width(longest: int, multiple: int = 1, limit: int | None = None) -> int:
+    """The width of a batch whose longest document has `longest` tokens: rounded up to a multiple of `multiple`,
+    but never past `limit` (the model's max_len, which it refuses to exceed)."""
+    width = -(-longest // multiple) * multiple
+    return width if limit is None else min(width, max(limit, longest))
+
+
+def pad_batch(split: EncodedSplit, index: np.ndarray, multiple: int = 1, limit: int | None = None) -> np.ndarray:
+    """Documents `index` of `split` as a 0-padded (B, T) int64 array, T = the longest of them rounded up to
+    `multiple` (at most `limit`, see `batch_width`): one gather."""
     starts = split.offsets[index]  # (B,)
     lens = split.offsets[index + 1] - starts  # (B,)
-    width = int(lens.max()) if len(lens) else 0
+    width = batch_width(int(lens.max()), multiple, limit) if len(lens) else 0
     cols = np.arange(width)
     mask = cols < lens[:, None]  # (B, T)
     out = np.zeros((len(index), width), dtype=np.int64)
@@ -57,15 +65,17 @@ def pad_batch(split: EncodedSplit, index: np.ndarray) -> np.ndarray:
 
 
 def iter_batches(split: EncodedSplit, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
-                 device: torch.device | None = None) -> Iterator[Batch]:
-    """Length-bucketed batches covering every document of `split` exactly once (see `batch_order`). Padding
-    to the batch's longest document changes nothing the model computes for a document, given the key-padding
-    mask and pooling over non-pad positions; it only removes work."""
+                 device: torch.device | None = None, pad_multiple: int = 1,
+                 max_width: int | None = None) -> Iterator[Batch]:
+    """Length-bucketed batches covering every document of `split` exactly once (see `batch_order`), each padded
+    to its longest document rounded up to `pad_multiple` (at most `max_width`). Padding changes nothing the model
+    computes for a document, given the key-padding mask and pooling over non-pad positions: bucketing removes
+    work, and rounding the widths up leaves a GPU few distinct shapes to plan kernels for."""
     if batch_size <= 0:
         raise ConfigError(f"batch_size={batch_size} is out of range; it must be > 0")
     lengths = split.lengths
     for index in batch_order(lengths, batch_size, shuffle=shuffle, seed=seed, epoch=epoch):
-        tokens = torch.from_numpy(pad_batch(split, index))
+        tokens = torch.from_numpy(pad_batch(split, index, pad_multiple, max_width))
         labels = torch.from_numpy(split.labels[index])
         idx = torch.from_numpy(index.astype(np.int64, copy=False))
         yield Batch(to_device(tokens, device), to_device(labels, device), to_device(idx, device))

@@ -34,7 +34,9 @@ FUSIONS = ("add", "mul", "concat", "gate_scalar", "gate_vector", "gate_cnn", "ml
 ACTIVATIONS = ("relu", "gelu")
 OPTIMIZERS = ("adam", "adamw")
 LR_SCHEDULES = ("constant", "cosine", "linear")
-PRECISIONS = ("fp32", "bf16")
+# `auto`: bf16 on a CUDA card that supports it, fp32 elsewhere; `tf32`: fp32 with TF32 matrix products on CUDA
+# (pefusion.fusion.device.resolve_precision).
+PRECISIONS = ("auto", "fp32", "tf32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -128,8 +130,11 @@ class TrainConfig:
     seed: int = 0
     timing_repeats: int = 10
     timing_warmup: int = 5
-    precision: str = "fp32"  # bf16 autocast, CUDA only
+    precision: str = "auto"  # resolved where the trial runs (pefusion.fusion.device): bf16 on a GPU, fp32 on a CPU
     device: str = "auto"
+    # Batch widths rounded up to a multiple of this, never past max_len; 0: 64 on CUDA (few shapes for kernels that
+    # plan per shape), 1 on a CPU (pefusion.fusion.device.resolve_pad_multiple). Padding is masked: outputs stay.
+    pad_multiple: int = 0
 
     def __post_init__(self) -> None:
         RULES.check(dataclasses.asdict(self))
@@ -164,7 +169,8 @@ _CHOICES = {record.PE_TYPE: PE_TYPES, record.FUSION: FUSIONS, "activation": ACTI
 _FRACTION = dict(lo=0, hi=1, hi_open=True)
 _RANGES = {"dropout": _FRACTION, "attn_dropout": _FRACTION, "embed_dropout": _FRACTION, "warmup": _FRACTION,
            "label_smoothing": _FRACTION, "weight_decay": NONNEGATIVE, "grad_clip": NONNEGATIVE,
-           "min_delta": NONNEGATIVE, "timing_warmup": NONNEGATIVE, record.SEED: NONNEGATIVE}
+           "min_delta": NONNEGATIVE, "timing_warmup": NONNEGATIVE, record.SEED: NONNEGATIVE,
+           record.PAD_MULTIPLE: NONNEGATIVE}
 
 
 def _rule(name: str, default: Any) -> KeyRule:

@@ -21,14 +21,16 @@ import torch
 
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 from pefusion.fusion.config import ModelConfig, Preset, TrainConfig, flat_config, split_trial_config, trial_data
+from pefusion.fusion.device import bf16_supported, resolve_precision
 from pefusion.fusion.training import Trainer
 
 # Trial keys whose larger values never need less memory: of each, a sweep's largest trial takes the largest value.
 SIZE_KEYS = ("batch_size", "max_len", "d_model", "nhead", "num_layers", "dim_ff", "gate_kernel")
 # Trial keys that change no tensor's shape or number (the optimiser's hyperparameters, the budget, the seed, the
-# timing protocol): trials that differ only in these need the same memory.
+# timing protocol), or none of the probe's (its batches are max_len wide whatever the pad multiple): trials that
+# differ only in these need the same memory.
 SHAPELESS_KEYS = ("lr", "weight_decay", "max_epochs", "early_stopping", "patience", "min_delta", "seed",
-                  "timing_repeats", "timing_warmup", "device")
+                  "timing_repeats", "timing_warmup", "device", "pad_multiple")
 # The head is (d_model, C) and the logits (B, C): a few KiB either way, so the probe need not know the classes.
 PROBE_CLASSES = 2
 
@@ -48,12 +50,15 @@ def largest_trials(points: Sequence[dict[str, Any]], base: Preset) -> list[tuple
 
 
 def probe_corpus(batch_size: int, tokens: int, vocab_size: int) -> EncodedCorpus:
-    """Random documents of exactly `tokens` ids each: two training batches of `batch_size` and one of validation
-    (also the test split, which the probe never reads): every batch (batch_size, tokens)."""
+    """Random documents of up to `tokens` ids: two training batches of `batch_size` and one of validation (also
+    the test split, which the probe never reads). Every document but one per split is a token short of `tokens`:
+    with the widths rounded up to a pad multiple (64 on a GPU) every batch is (batch_size, tokens) and has padding,
+    as real batches do; with ALiBi a padded batch builds a (B, H, T, T) logit bias that an unpadded one does not."""
     rng = np.random.default_rng(0)
 
     def split(n: int) -> EncodedSplit:
-        lengths = np.full(n, tokens, dtype=np.int64)
+        lengths = np.full(n, max(tokens - 1, 1), dtype=np.int64)
+        lengths[0] = tokens
         return EncodedSplit.random(lengths, lengths, vocab_size, PROBE_CLASSES, rng)
 
     validation = split(batch_size)
@@ -62,11 +67,11 @@ def probe_corpus(batch_size: int, tokens: int, vocab_size: int) -> EncodedCorpus
                          cache_key="")
 
 
-def in_words(model: ModelConfig, train: TrainConfig, tokens: int) -> str:
+def in_words(model: ModelConfig, train: TrainConfig, tokens: int, precision: str) -> str:
     """A trial in the words of the `auto` line, e.g. 'the rope/concat trial (batch 64 x 4096 tokens, d_model 128,
-    2 layers, fp32)'."""
+    2 layers, bf16)', with the precision it resolved to on the card."""
     return (f"the {model.pe_type}/{model.fusion} trial (batch {train.batch_size} x {tokens} tokens, d_model "
-            f"{model.d_model}, {model.num_layers} layer{'s' if model.num_layers > 1 else ''}, {train.precision})")
+            f"{model.d_model}, {model.num_layers} layer{'s' if model.num_layers > 1 else ''}, {precision})")
 
 
 def largest_trial_peak(points: Sequence[dict[str, Any]], base: Preset) -> tuple[int, str]:
@@ -78,7 +83,7 @@ def largest_trial_peak(points: Sequence[dict[str, Any]], base: Preset) -> tuple[
     tokens, vocab_size = base.data.max_len, max(trial_data(p, base).max_vocab for p in points)
     peaks = []
     for model, train in largest_trials(points, base):
-        what = in_words(model, train, tokens)
+        what = in_words(model, train, tokens, resolve_precision(train.precision, "cuda", bf16_supported(device)))
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         try:

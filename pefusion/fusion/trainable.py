@@ -67,9 +67,12 @@ def pefusion_trainable(config: dict[str, Any], *, corpora: Mapping[str, EncodedC
     `corpora`: the encoded corpus of each tokeniser setting (DataConfig.tokenizer_setting) the space uses."""
     torch.set_num_threads(max(1, int(cpus)))
     started = time.time()
-    node = {R.NODE: ray.get_runtime_context().get_node_id()}  # which node ran it (a tag of its MLflow run)
     model_cfg, train_cfg = split_trial_config(config, base)
     trainer = Trainer(model_cfg, train_cfg, corpora[trial_data(config, base).tokenizer_setting])
+    # In every report: which node ran it (a tag of its MLflow run), and what only this process knows about itself
+    # (params of its run, columns of the results CSV).
+    about = {R.NODE: ray.get_runtime_context().get_node_id(),
+             R.TRIAL_INFO: {**trainer.placement.info(), R.VISIBLE_DEVICES: os.environ.get("CUDA_VISIBLE_DEVICES", "")}}
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
@@ -79,15 +82,15 @@ def pefusion_trainable(config: dict[str, Any], *, corpora: Mapping[str, EncodedC
             trainer.load_state_dict(torch.load(Path(folder) / TRAINER_STATE, weights_only=False))
 
     def report_epoch(metrics: dict[str, Any], trainer: Trainer) -> None:
-        _report_with_files({**metrics, **node}, lambda folder: torch.save(trainer.state_dict(), folder / TRAINER_STATE))
+        _report_with_files({**metrics, **about},
+                           lambda folder: torch.save(trainer.state_dict(), folder / TRAINER_STATE))
 
     final = train_and_evaluate(model_cfg, train_cfg, trainer.corpus, length_edges=length_edges,
                                on_epoch=report_epoch, trainer=trainer)
     if final[R.STATUS] == R.STATUS_DIVERGED:  # the optimised metric too, as a search needs it in every result
-        tune.report({**final, R.VAL_ACC: float("nan")})
+        tune.report({**final, **about, R.VAL_ACC: float("nan")})
         return
-    final.update(visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""), device=str(trainer.device),
-                 started_at=started, ended_at=time.time(), **{R.EPOCH: trainer.epoch}, **node)
+    final.update(started_at=started, ended_at=time.time(), **{R.EPOCH: trainer.epoch}, **about)
     _report_with_files(final, lambda folder: _write_final(folder, trainer, final))
 
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from pefusion import record as R
 from pefusion.fusion.config import ModelConfig, TrainConfig, flat_config
+from pefusion.fusion.device import place, select_device
 from pefusion.fusion.model import build_model_from_config
 from pefusion.data.batching import Batch, iter_batches, length_bucket_of
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
@@ -31,15 +32,6 @@ from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 
 class Diverged(RuntimeError):
     """The training loss became non-finite."""
-
-
-def select_device(preference: str = "auto") -> torch.device:
-    """'auto' takes the GPU Ray (or the user) made visible, else the CPU."""
-    if preference == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if preference == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device='cuda' was requested but no CUDA device is visible")
-    return torch.device(preference)
 
 
 def seed_everything(seed: int) -> None:
@@ -79,7 +71,9 @@ class Trainer:
     def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, corpus: EncodedCorpus,
                  device: torch.device | None = None) -> None:
         self.model_cfg, self.train_cfg, self.corpus = model_cfg, train_cfg, corpus
-        self.device = device or select_device(train_cfg.device)
+        # precision and pad multiple resolved on this device, its TF32 and attention-kernel flags set
+        self.placement = place(device or select_device(train_cfg.device), train_cfg.precision, train_cfg.pad_multiple)
+        self.device = self.placement.device
         if corpus.max_len > model_cfg.max_len:
             raise ValueError(f"the data keeps {corpus.max_len} tokens per document but the model's max_len is "
                              f"{model_cfg.max_len}: set max_len >= {corpus.max_len}")
@@ -127,9 +121,9 @@ class Trainer:
 
     # --- one epoch ----------------------------------------------------------------------------------------
     def autocast(self) -> ContextManager:
-        """The forward pass's precision: bf16 autocast, or nothing for fp32. Losses are computed outside it, in
-        fp32, from logits cast to fp32."""
-        if self.train_cfg.precision == "bf16":
+        """The forward pass's precision: bf16 autocast, or nothing for fp32 and tf32 (set process-wide by
+        `place`). Losses are computed outside it, in fp32, from logits cast to fp32."""
+        if self.placement.precision == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
@@ -156,11 +150,17 @@ class Trainer:
         the device, batch size). Does not advance the epoch or check the loss (train_epoch does both)."""
         cfg = self.train_cfg
         self.model.train()
-        for i, batch in enumerate(iter_batches(self.corpus.train, cfg.batch_size, shuffle=True, seed=cfg.seed,
-                                               epoch=self.epoch, device=self.device)):
+        for i, batch in enumerate(self.batches(self.corpus.train, shuffle=True)):
             if self.scheduled:
                 self.set_lr(self.epoch * self.steps_per_epoch + i)
             yield self.step(batch), len(batch.labels)
+
+    def batches(self, split: EncodedSplit, *, shuffle: bool) -> Iterator[Batch]:
+        """`split`'s batches on this trial's device: training's shuffled for epoch `self.epoch`, evaluation's by
+        length; widths rounded up to the resolved pad multiple, never past the model's max_len."""
+        return iter_batches(split, self.train_cfg.batch_size, shuffle=shuffle, seed=self.train_cfg.seed,
+                            epoch=self.epoch, device=self.device, pad_multiple=self.placement.pad_multiple,
+                            max_width=self.model_cfg.max_len)
 
     def set_lr(self, step: int) -> None:
         """The learning rate of optimiser step `step` (0-based) under the configured schedule."""
@@ -205,7 +205,7 @@ class Trainer:
         preds = np.empty(len(split), dtype=np.int64)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         pred_parts, index_parts = [], []
-        for batch in iter_batches(split, self.train_cfg.batch_size, shuffle=False, device=self.device):
+        for batch in self.batches(split, shuffle=False):
             with self.autocast():
                 logits = self.model(batch.tokens)  # (B, C)
             loss_sum += F.cross_entropy(logits.float(), batch.labels, reduction="sum").double()
@@ -219,8 +219,7 @@ class Trainer:
 
     def measure_latency(self, split: EncodedSplit) -> tuple[float, float]:
         """Milliseconds per sample over `timing_repeats` full passes after `timing_warmup` passes (SPEC §3)."""
-        batches = list(iter_batches(split, self.train_cfg.batch_size, shuffle=False, device=self.device))
-        return self.forward_latency(batches)
+        return self.forward_latency(list(self.batches(split, shuffle=False)))
 
     @torch.no_grad()
     def forward_latency(self, batches: Sequence[Batch]) -> tuple[float, float]:

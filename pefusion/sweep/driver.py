@@ -58,13 +58,17 @@ def validate(study: StudySweep) -> int:
 
 
 def resolve_gpus(study: StudySweep, opts: SweepOptions) -> SweepOptions:
-    """`opts` with `--gpus-per-trial auto` replaced by the fraction it means here, printed and tagged on the
-    parent run with its reason; any other value as it is."""
-    if opts.gpus_per_trial != AUTO:
+    """`opts` with `--gpus-per-trial auto` (typed, or the flag left out) replaced by the fraction it means here,
+    printed and tagged on the parent run with its reason; a number as it is. Left out for a study whose trials
+    never use a GPU: no GPU, and nothing to say."""
+    if opts.gpus_per_trial is None and study.gpu_probe is None:
+        return dataclasses.replace(opts, gpus_per_trial=0.0)
+    if opts.gpus_per_trial not in (AUTO, None):
         return opts
+    explicit = opts.gpus_per_trial == AUTO
     packing = auto_packing(study.gpu_probe, study.space.points(), sweep=study.sweep, remote=bool(opts.address),
-                           declared_gpus=opts.num_gpus)
-    print(f"--gpus-per-trial auto: {packing.reason}", flush=True)
+                           declared_gpus=opts.num_gpus, explicit=explicit)
+    print(f"--gpus-per-trial auto{'' if explicit else ' (the default)'}: {packing.reason}", flush=True)
     return dataclasses.replace(opts, gpus_per_trial=packing.gpus_per_trial,
                                tags={**opts.tags, R.TAG_GPUS_PER_TRIAL: f"{packing.gpus_per_trial:g}",
                                      R.TAG_GPUS_AUTO: packing.reason})

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from pefusion.errors import ConfigError
 
-AUTO = "auto"
+AUTO = "auto"  # --gpus-per-trial auto; left out (None), it is auto too, but quiet where a study uses no GPU
 GIB = 1024 ** 3
 # What a process holds on the card outside torch's caching allocator: the CUDA context, the cuBLAS/cuDNN handles
 # and the kernels it loads. torch's memory statistics never count it (nvidia-smi does); a few hundred MiB per
@@ -83,12 +83,14 @@ def pack_trials(peak_bytes: int, card_bytes: int, *, margin: float = MARGIN, con
 
 
 def auto_packing(probe: GpuProbe | None, points: Sequence[dict[str, Any]], *, sweep: str, remote: bool,
-                 declared_gpus: float | None) -> Packing:
-    """What `--gpus-per-trial auto` means for this sweep on this machine.
+                 declared_gpus: float | None, explicit: bool = True) -> Packing:
+    """What `--gpus-per-trial auto` means for this sweep on this machine (`explicit`: typed; else the flag's
+    default).
 
     No probe (the study never uses a GPU), a local cluster declared without GPUs (--num-gpus 0) or no CUDA device
-    visible here: no GPU. Joining a cluster (`remote`) from a driver without a GPU is refused: nothing here can
-    measure a trial, and guessing would pack by a number nobody measured.
+    visible here: no GPU. Joining a cluster (`remote`) from a driver without a GPU: nothing here can measure a
+    trial, and packing by a number nobody measured could fill the cards past their memory, so a typed `auto` is
+    refused, and the default runs the trials on CPU, naming the flag that gives them the cluster's GPUs.
     """
     if probe is None:
         return Packing(0, 0.0, f"the {sweep} trials do not use a GPU; trials run on CPU")
@@ -97,6 +99,9 @@ def auto_packing(probe: GpuProbe | None, points: Sequence[dict[str, Any]], *, sw
     import torch
 
     if not torch.cuda.is_available():
+        if remote and not explicit:
+            return Packing(0, 0.0, "this driver sees no GPU to measure a trial on, so trials run on CPU; to use the "
+                                   "cluster's GPUs, pass --gpus-per-trial G (e.g. 0.25: four trials per GPU)")
         if remote:
             raise ConfigError("--gpus-per-trial auto measures a trial on this machine's GPU, and none is visible here: "
                               "run the driver on a GPU node of the cluster, or give a fraction such as "

@@ -56,6 +56,7 @@ class LiveSweep:
     mode: str | None = None
     best_metric: str | None = None
     progress: bool = True
+    resolved_keys: Sequence[str] = ()  # `StudySweep.resolved_keys`
     every_s: float = 30.0
     total: int = 0
     started_at: float = field(default_factory=time.time)
@@ -76,13 +77,19 @@ class LiveSweep:
         self.ran.add(trial.trial_id)
         if self.first_start is None:
             self.first_start = time.time()
-        params = {**self.static_params, **trial.config}
-        self.recorder.later(self.recorder.trial_run, trial.trial_id, params, self.run_name(trial.config))
+        self.recorder.later(self.recorder.trial_run, trial.trial_id, self.params(trial), self.run_name(trial.config))
         if trial.checkpoint is not None:  # resumed: epochs a lost write or a killed driver left out of MLflow
             self.recorder.later(self._backfill, trial)  # reads Ray's stored results: off the driver thread
 
+    def params(self, trial: Trial) -> dict[str, Any]:
+        """The params a trial's run gets when it starts: the study's and the trial's config, but for the keys the
+        trial resolves itself (those come with its report, `record.TRIAL_INFO`)."""
+        return {k: v for k, v in {**self.static_params, **trial.config}.items() if k not in self.resolved_keys}
+
     def _backfill(self, trial: Trial) -> None:
         for result in _stored_epochs(trial):
+            if result.get(R.TRIAL_INFO):
+                self.recorder.log_trial_info(trial.trial_id, result[R.TRIAL_INFO])
             self.recorder.log_epoch(trial.trial_id, int(result[R.EPOCH]), record_only(result, trial.config))
 
     def result(self, trial: Trial, result: Mapping[str, Any]) -> None:
@@ -92,6 +99,8 @@ class LiveSweep:
         if R.NODE in result and self.nodes.get(trial.trial_id) != result[R.NODE]:  # first result, or a retry
             self.nodes[trial.trial_id] = result[R.NODE]
             self.recorder.later(self.recorder.tag_trial, trial.trial_id, {R.TAG_NODE: result[R.NODE]})
+            if result.get(R.TRIAL_INFO):  # reported with every result; recorded as it first arrives from a process
+                self.recorder.later(self.recorder.log_trial_info, trial.trial_id, dict(result[R.TRIAL_INFO]))
         if R.STATUS not in result and R.EPOCH in result:
             self.epochs[trial.trial_id] = int(result[R.EPOCH])
             self.recorder.later(self.recorder.log_epoch, trial.trial_id, int(result[R.EPOCH]),
@@ -227,7 +236,7 @@ class LiveSweep:
     def _reconcile(self, trial: Trial) -> None:
         # Its run may be RUNNING (a driver killed mid-finish), or missing altogether (the writes queued for it
         # were lost with a driver stopped while the tracking server was away): either way, write it from Ray.
-        self.recorder.trial_run(trial.trial_id, {**self.static_params, **trial.config}, self.run_name(trial.config))
+        self.recorder.trial_run(trial.trial_id, self.params(trial), self.run_name(trial.config))
         if self.recorder.is_done(trial.trial_id):
             return
         self._backfill(trial)
@@ -334,11 +343,12 @@ def result_rows(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row.update(record_only(last, config))
         else:  # stopped by the scheduler: its last epoch's optimised metric and its best so far count
             row.update({R.STATUS: R.STATUS_STOPPED, R.ERROR: "", R.EPOCHS_RUN: last.get(R.EPOCH), **trial["best"]})
+        row.update(last.get(R.TRIAL_INFO) or {})  # what the trial resolved replaces what its config asked for
         rows.append(row)
     return rows
 
 
 def record_only(result: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """A reported result without Ray's bookkeeping or the config (those are params, not metrics)."""
-    skip = set(AUTO_RESULT_KEYS) | RAY_EXTRA_KEYS | set(config) | {R.EPOCH}
+    skip = set(AUTO_RESULT_KEYS) | RAY_EXTRA_KEYS | set(config) | {R.EPOCH, R.TRIAL_INFO}
     return {k: v for k, v in result.items() if k not in skip}

@@ -26,7 +26,9 @@ class SweepOptions:
     storage_path: str = DEFAULT_STORAGE
     address: str | None = None  # None: a new local cluster; "auto": a running `ray start --head`
     cpus_per_trial: float = 1.0
-    gpus_per_trial: float | str = 0.0  # or "auto": decided by `run_sweep` before Ray starts (`pefusion.sweep.gpus`)
+    # A number, "auto", or None (the flag left out: auto, quiet for a study whose trials use no GPU): `run_sweep`
+    # decides auto's number before Ray starts (`pefusion.sweep.driver.resolve_gpus`).
+    gpus_per_trial: float | str | None = None
     num_cpus: int | None = None  # CPUs a *local* cluster declares (default: all)
     num_gpus: float | None = None  # GPUs a *local* cluster declares; logical ones schedule on a CPU machine
     max_concurrent: int = 0  # 0: as many as resources allow
@@ -44,7 +46,7 @@ class SweepOptions:
         if self.cpus_per_trial <= 0:
             raise ConfigError(f"--cpus-per-trial={self.cpus_per_trial} must be > 0")
         gpus = self.gpus_per_trial
-        if gpus != AUTO and (gpus < 0 or (gpus > 1 and gpus != int(gpus))):
+        if gpus not in (AUTO, None) and (gpus < 0 or (gpus > 1 and gpus != int(gpus))):
             raise ConfigError(f"--gpus-per-trial={self.gpus_per_trial} must be a fraction in [0, 1] or a whole number")
         if self.max_concurrent < 0:
             raise ConfigError(f"--max-concurrent={self.max_concurrent} must be >= 0")

@@ -54,6 +54,9 @@ class StudySweep:
     # `--gpus-per-trial auto`: the largest trial's peak GPU memory among the space's points (`pefusion.sweep.gpus`);
     # None: the study's trials never use a GPU, so auto means none.
     gpu_probe: GpuProbe | None = None
+    # Config keys whose value a trial resolves where it runs (a precision of `auto`): their params are recorded from
+    # what the trial reports (`record.TRIAL_INFO`), not from the config, since MLflow never changes a param.
+    resolved_keys: Sequence[str] = ()
 
 
 def varying_keys(space: SearchSpace) -> list[str]:

@@ -351,6 +351,7 @@ class SweepRecorder:
         self._runs: dict[str, str] = {}  # trial id -> run id
         self._last_step: dict[str, int] = {}  # run id -> last epoch logged (skip replays after resume)
         self._series: dict[str, set[str]] = {}  # run id -> names of the metrics it has per epoch
+        self._params: dict[str, set[str]] = {}  # run id -> names of its params (those of `log_trial_info` too)
         self._done: set[str] = set()  # run ids whose trial already finished (a resume re-reports them)
         self._writer: _Writer | None = None
         self.later(self._open, dict(tags or {}), announce)
@@ -389,7 +390,7 @@ class SweepRecorder:
                                               "parent_run_id", "open_error")}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _runs={}, _last_step={}, _series={}, _done=set(), _writer=None,
+        self.__dict__.update(state, _runs={}, _last_step={}, _series={}, _params={}, _done=set(), _writer=None,
                              _opened=threading.Event())
         self._opened.set()
 
@@ -446,6 +447,7 @@ class SweepRecorder:
             missing = {k: v for k, v in params.items() if k not in found[0].data.params}
             if missing:
                 self._log_params(run_id, missing)
+            self._params[run_id] = set(found[0].data.params) | set(missing)
             # Its series so far (epochs a previous driver logged): what to skip, and what the final record repeats.
             steps = {key: [m.step for m in self.client.get_metric_history(run_id, key)]
                      for key in found[0].data.metrics}
@@ -466,9 +468,20 @@ class SweepRecorder:
                 R.TAG_SWEEP: self.sweep, R.TAG_GIT_COMMIT: git_commit()})
             run_id = run.info.run_id
             self._log_params(run_id, params)
+            self._params[run_id] = set(params)
             self._last_step[run_id] = 0
         self._runs[trial_id] = run_id
         return run_id
+
+    def log_trial_info(self, trial_id: str, info: Mapping[str, Any]) -> None:
+        """What a trial reported about itself (`record.TRIAL_INFO`) as params of its run: the ones it does not have
+        yet (a param is written once; a retry on another node reports the same names)."""
+        run_id = self._runs[trial_id]
+        have = self._params[run_id]
+        new = {k: v for k, v in info.items() if k not in have}
+        if new:
+            self._log_params(run_id, new)
+            have.update(new)
 
     def is_done(self, trial_id: str) -> bool:
         """Whether the trial's run was closed with its final status (before this driver, or by it)."""

@@ -1,0 +1,70 @@
+"""Where a trial trains and how it uses the device (`pefusion.fusion.device`): each choice a function of the device's
+kind, tested here on a CPU with made-up devices, and what a CPU process is left with (nothing changed)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pefusion import record as R
+from pefusion.fusion import device as D
+
+
+@pytest.mark.parametrize("requested,device_type,bf16,resolved", [
+    ("auto", "cuda", True, "bf16"), ("auto", "cuda", False, "fp32"), ("auto", "cpu", True, "fp32"),
+    ("auto", "cpu", False, "fp32"), ("tf32", "cuda", True, "tf32"), ("tf32", "cpu", False, "fp32"),
+    ("fp32", "cuda", True, "fp32"), ("bf16", "cuda", True, "bf16"), ("bf16", "cpu", False, "bf16"),
+])
+def test_precision_resolves_by_device(requested, device_type, bf16, resolved):
+    assert D.resolve_precision(requested, device_type, bf16) == resolved
+
+
+@pytest.mark.parametrize("requested,device_type,resolved", [(0, "cuda", 64), (0, "cpu", 1), (8, "cuda", 8),
+                                                            (8, "cpu", 8), (1, "cuda", 1)])
+def test_pad_multiple_resolves_by_device(requested, device_type, resolved):
+    assert D.resolve_pad_multiple(requested, device_type) == resolved
+
+
+def test_a_gpu_turns_cudnn_attention_off_and_a_cpu_keeps_pytorchs_choice():
+    assert not D.attention_policy("cuda").cudnn and "cuDNN off" in D.attention_policy("cuda").name
+    assert D.attention_policy("cpu").cudnn
+
+
+def test_place_on_a_bf16_capable_gpu(monkeypatch):
+    """A mocked bf16-capable CUDA device: auto is bf16, batches are rounded to 64, cuDNN attention is off, and the
+    choices are applied to the process (`configure`) and reported by the trial (`Placement.info`)."""
+    applied = []
+    monkeypatch.setattr(D, "bf16_supported", lambda device: True)
+    monkeypatch.setattr(D, "configure", lambda device, precision, policy: applied.append((device, precision, policy)))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    cuda = torch.device("cuda")
+    placement = D.place(cuda, "auto", 0)
+    assert (placement.precision, placement.pad_multiple, placement.attention.cudnn) == ("bf16", 64, False)
+    assert applied == [(cuda, "bf16", placement.attention)]
+    assert placement.info() == {R.DEVICE: "cuda", R.DEVICE_NAME: "NVIDIA H200", R.PRECISION: "bf16",
+                                R.PAD_MULTIPLE: 64, R.ATTENTION: placement.attention.name}
+
+
+def test_place_on_a_cpu_changes_nothing():
+    """auto on a CPU: fp32 and unpadded batches, and no process-wide flag touched."""
+    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
+              torch.backends.cuda.cudnn_sdp_enabled())
+    placement = D.place(torch.device("cpu"), "auto", 0)
+    assert (placement.precision, placement.pad_multiple, placement.attention.cudnn) == ("fp32", 1, True)
+    assert placement.info()[R.DEVICE] == "cpu" and placement.info()[R.DEVICE_NAME]
+    assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
+            torch.backends.cuda.cudnn_sdp_enabled()) == before
+
+
+@pytest.mark.parametrize("precision,tf32", [("tf32", "tf32"), ("fp32", "ieee"), ("bf16", "ieee")])
+def test_configure_sets_tf32_and_the_attention_kernels_on_cuda(precision, tf32):
+    """The flags a CUDA trial's process gets (set here on a CPU build, where they change nothing), and set again
+    for the next trial a reused process runs."""
+    flags = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
+             torch.backends.cuda.cudnn_sdp_enabled())
+    try:
+        D.configure(torch.device("cuda"), precision, D.attention_policy("cuda"))
+        assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.conv.fp32_precision == tf32
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = flags[:2]
+        torch.backends.cuda.enable_cudnn_sdp(flags[2])
