@@ -57,6 +57,12 @@ STATUS_RUNNING = "running"  # the MLflow status tag of a trial's run while it tr
 ERROR = "error"  # the reason, in the record, the CSV and the MLflow tag
 NODE = "node_id"  # the Ray node that ran the trial (reported by the trainable; a CSV column and an MLflow tag)
 
+# --- a trial that carries several runs (a search space's `stack`: the seeds of a cell trained together) ---------
+# Its results hold RUNS, {value of the stacked key, as text: that run's part of the result}, beside what the runs
+# share (epoch, node, status of the trial); each run has its own MLflow child run (tag TAG_TRIAL_ID: the run's key,
+# TAG_STACKED: the Ray trial that carried it), results row and, in its final checkpoint, folder named by its value.
+RUNS = "runs"
+
 # --- what a trial learns about itself where it runs -----------------------------------------------------------
 # A result may carry TRIAL_INFO, {name: value}: what only the trial's own process can know (the device Ray gave it,
 # what `auto` resolved to there). Each entry becomes a param of the trial's run once reported, and a column of the
@@ -83,6 +89,7 @@ TAG_STORAGE = "pefusion.storage_path"
 TAG_GPUS_PER_TRIAL = "pefusion.gpus_per_trial"  # on parent runs of `--gpus-per-trial auto`: the fraction chosen
 TAG_GPUS_AUTO = "pefusion.gpus_per_trial_auto"  # ... and why, the line the sweep printed
 TAG_ROLE = "pefusion.role"  # "sweep" on parent runs, "trial" on child runs
+TAG_STACKED = "pefusion.stacked_in"  # on the runs of a stacked trial: the Ray trial id that trained them together
 TAG_NODE = "pefusion.node"  # on child runs: the Ray node id that ran the trial (the last one, after a retry)
 TAG_SCHEDULER = "pefusion.scheduler"  # on a search's parent run: asha or fifo (sweeps/lr_batch_asha.py)
 

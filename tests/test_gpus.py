@@ -152,11 +152,17 @@ def test_the_probe_measures_the_largest_sizes_of_each_kind_of_trial():
         "d_model": {"grid": [64, 32]}, "num_layers": {"randint": [1, 3]}, "seed": {"grid": [0, 1, 2]},
         "lr": {"loguniform": [1e-4, 1e-2]}}, RULES)
     assert len(space.points()) == 2 * 2 * 2 * 3 * 2 * 2 * 3 * 2
-    trials = largest_trials(space.points(), PRESETS["demo"])
-    got = sorted((m.pe_type, m.fusion, t.precision, t.batch_size, m.d_model, m.num_layers) for m, t in trials)
-    assert got == sorted((pe, fu, pr, 64, 64, 2) for pe in ("sinusoidal", "learned") for fu in ("add", "concat")
+    trials = largest_trials(space.trial_points(), PRESETS["demo"])
+    got = sorted((m.pe_type, m.fusion, t.precision, t.batch_size, m.d_model, m.num_layers, stacked)
+                 for m, t, stacked in trials)
+    assert got == sorted((pe, fu, pr, 64, 64, 2, 1) for pe in ("sinusoidal", "learned") for fu in ("add", "concat")
                          for pr in ("fp32", "bf16"))
-    assert all(t.lr in (1e-4, 1e-2) and t.seed in (0, 1, 2) for _, t in trials)  # values of real points
+    assert all(t.lr in (1e-4, 1e-2) and t.seed in (0, 1, 2) for _, t, _ in trials)  # values of real points
+    # the seeds stacked in one trial: the same kinds, each measured with its 3 models together
+    stacked = largest_trials(space.stacked("seed").trial_points(), PRESETS["demo"])
+    assert sorted(k[:-1] for k in got) == sorted((m.pe_type, m.fusion, t.precision, t.batch_size, m.d_model,
+                                                  m.num_layers) for m, t, _ in stacked)
+    assert {n for _, _, n in stacked} == {3}
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

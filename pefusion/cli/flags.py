@@ -226,5 +226,6 @@ def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | No
         address=args.address, cpus_per_trial=args.cpus_per_trial, gpus_per_trial=gpus_per_trial(args.gpus_per_trial),
         num_cpus=args.num_cpus, num_gpus=args.num_gpus, max_concurrent=args.max_concurrent, resume=args.resume,
         tracking_uri=args.tracking_uri, dashboard=not args.no_dashboard, verbose=args.verbose,
-        progress=not args.quiet, max_failures=args.max_failures, autoscaling=args.autoscaling, command=command,
+        progress=not args.quiet, max_failures=args.max_failures, autoscaling=args.autoscaling,
+        stack=getattr(args, "stack_seeds", None), command=command,
         tags={R.TAG_SEARCH_SPACE: search_space_path(args), "pefusion.preset": getattr(args, "preset", "")})

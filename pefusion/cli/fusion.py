@@ -102,7 +102,9 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         labels={"batch_size": "batch"}, best_metric=R.BEST_VAL_ACC, describe=line,
         results_file="results_by_seed", tables=lambda rows: {"results_aggregated": aggregate_rows(rows)},
         gpu_probe=functools.partial(largest_trial_peak, base=preset),
-        resolved_keys=(R.DEVICE, R.PRECISION, R.PAD_MULTIPLE), **search)
+        resolved_keys=(R.DEVICE, R.PRECISION, R.PAD_MULTIPLE),
+        stackable=None if search.get("metric") else R.SEED,  # a search judges each trial by one metric
+        **search)
 
 
 def corpus_settings(space: SearchSpace, preset: Preset) -> dict[str, DataConfig]:

@@ -41,11 +41,15 @@ def _keep_mask_into(out: torch.Tensor, rng: np.random.SFC64, p: float) -> None:
 
 class Dropout(nn.Dropout):
     """nn.Dropout; training on a CPU, its mask comes from `_keep_mask_into`: forward + backward of a
-    (32, 512, 128) activation take ~10 ms instead of ~22 ms with bernoulli_ (the step above: 2.06 -> 1.79 s)."""
+    (32, 512, 128) activation take ~10 ms instead of ~22 ms with bernoulli_ (the step above: 2.06 -> 1.79 s).
+    `vmapped` (set on the template of stacked models): PyTorch's own dropout, whose draws vmap batches (one mask
+    per seed); the numpy draws cannot run under vmap."""
+
+    vmapped = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.training and not self.inplace and 0 < self.p < 1 and x.device.type == "cpu"
-                and x.dtype in (torch.float32, torch.float64)):
+        if self.vmapped or not (self.training and not self.inplace and 0 < self.p < 1 and x.device.type == "cpu"
+                                and x.dtype in (torch.float32, torch.float64)):
             return super().forward(x)
         mask = torch.empty(x.shape, dtype=x.dtype)
         _keep_mask_into(mask, _generator(), self.p)
@@ -156,3 +160,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
         if usable:  # SDPA's math path returns 0 for a fully masked row; plain softmax would give NaN there
             return _ChunkedDropoutAttention.apply(q, k, v, bias, dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+
+
+def vmapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor,
+                      dropout_p: float) -> torch.Tensor:
+    """`attention` for a model under `torch.func.vmap` (the stacked seeds of `pefusion.fusion.stacked`), from ops
+    vmap batches: on CUDA, SDPA itself (its flash, memory-efficient and cuDNN kernels have batching rules, which
+    fold the seeds into the batch); on a CPU, whose SDPA kernel has none (vmap would loop over the seeds), the
+    function SDPA computes, written out: softmax(q kᵀ/√hd + mask) with dropout, times v. No row is fully masked
+    (the model lets a document of padding only attend everywhere), so no branch on the mask is needed."""
+    if q.device.type == "cuda":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    logits = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5  # (B, H, T, T)
+    if attn_mask.dtype == torch.bool:
+        logits = logits.masked_fill(~attn_mask, float("-inf"))
+    else:
+        logits = logits + attn_mask
+    return F.dropout(torch.softmax(logits, -1), dropout_p) @ v

@@ -26,14 +26,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from pefusion.errors import ConfigError
-from pefusion.fusion.attention import Dropout, attention
+from pefusion.fusion.attention import Dropout, attention, vmapped_attention
 from pefusion.fusion.config import ModelConfig
 from pefusion.fusion.operators import build_fusion
 from pefusion.fusion.positional import ALiBi, Rotary, build_positional
 
 
 class SelfAttention(nn.Module):
-    """nn.MultiheadAttention's parameters (packed in_proj (3d, d) + bias, out_proj Linear(d, d)), SDPA inside."""
+    """nn.MultiheadAttention's parameters (packed in_proj (3d, d) + bias, out_proj Linear(d, d)), SDPA inside.
+    `vmapped` (set on the template of stacked models, `pefusion.fusion.stacked`): attention from ops vmap batches
+    (`vmapped_attention`), not the CPU kernels it cannot."""
+
+    vmapped = False
 
     def __init__(self, d: int, nhead: int, dropout: float):
         super().__init__()
@@ -54,7 +58,8 @@ class SelfAttention(nn.Module):
             q, k = rotary(q), rotary(k)
         if attn_mask.is_floating_point() and attn_mask.dtype != q.dtype:  # autocast runs q in bf16
             attn_mask = attn_mask.to(q.dtype)
-        y = attention(q, k, v, attn_mask, self.dropout if self.training else 0.0)  # (B, H, T, hd)
+        y = (vmapped_attention if self.vmapped else attention)(
+            q, k, v, attn_mask, self.dropout if self.training else 0.0)  # (B, H, T, hd)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, d))
 
 
@@ -94,6 +99,8 @@ class PEFusionClassifier(nn.Module):
     """Document classifier of the PE-fusion study. Keeps `config`, `vocab_size` and `num_classes` so that a
     checkpoint (state_dict + these three) rebuilds it with `build_model_from_config`."""
 
+    vmapped = False  # the template of stacked models (pefusion.fusion.stacked) runs under vmap
+
     def __init__(self, config: ModelConfig, vocab_size: int, num_classes: int):
         super().__init__()
         self.config, self.vocab_size, self.num_classes = config, vocab_size, num_classes
@@ -129,8 +136,9 @@ class PEFusionClassifier(nn.Module):
         attend = ~pad | pad.all(dim=1, keepdim=True)  # (B, T)
         attn_mask = attend[:, None, None, :]  # (B, 1, 1, T), broadcast over heads and queries inside SDPA
         if isinstance(self.positional, ALiBi):  # a logit bias (1, H, T, T); padded batches need a copy per document
-            bias = self.positional(T)
-            attn_mask = bias if attend.all() else bias.masked_fill(~attn_mask, float("-inf"))  # (B, H, T, T)
+            bias = self.positional(T)  # (stacked models under vmap take no data-dependent shortcut)
+            unpadded = not self.vmapped and bool(attend.all())
+            attn_mask = bias if unpadded else bias.masked_fill(~attn_mask, float("-inf"))  # (B, H, T, T)
         rotary = self.positional if isinstance(self.positional, Rotary) else None
         for layer in self.layers:
             h = layer(h, attn_mask, rotary)

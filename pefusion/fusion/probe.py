@@ -19,9 +19,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from pefusion import record as R
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 from pefusion.fusion.config import ModelConfig, Preset, TrainConfig, flat_config, split_trial_config, trial_data
 from pefusion.fusion.device import bf16_supported, resolve_precision
+from pefusion.fusion.stacked import StackedTrainer
 from pefusion.fusion.training import Trainer
 
 # Trial keys whose larger values never need less memory: of each, a sweep's largest trial takes the largest value.
@@ -35,18 +37,26 @@ SHAPELESS_KEYS = ("lr", "weight_decay", "max_epochs", "early_stopping", "patienc
 PROBE_CLASSES = 2
 
 
-def largest_trials(points: Sequence[dict[str, Any]], base: Preset) -> list[tuple[ModelConfig, TrainConfig]]:
-    """The trials among `points` (over `base`) of which one needs the most memory: for each combination of the
-    keys that change what is computed (pe_type, fusion, precision, activation, dropout, ...), the largest value
-    of every `SIZE_KEYS` key. A point of the space, not an extrapolation: the points are a product over keys, so
-    the largest values within a combination are one of its points (and validated with the rest)."""
-    largest: dict[tuple, dict[str, Any]] = {}
+def largest_trials(points: Sequence[dict[str, Any]],
+                   base: Preset) -> list[tuple[ModelConfig, TrainConfig, int]]:
+    """The trials among `points` (over `base`) of which one needs the most memory, with how many seeds each
+    stacks (a point whose seed is a list trains them as one model: that many models' memory): for each
+    combination of the keys that change what is computed (pe_type, fusion, precision, activation, dropout, ...),
+    the largest value of every `SIZE_KEYS` key and the most stacked seeds. A point of the space, not an
+    extrapolation: the points are a product over keys, so the largest values within a combination are one of its
+    points (and validated with the rest)."""
+    largest: dict[tuple, tuple[dict[str, Any], int]] = {}
     for point in points:
+        seeds = point.get(R.SEED)
+        stacked = len(seeds) if isinstance(seeds, list) else 1
+        if isinstance(seeds, list):
+            point = {**point, R.SEED: seeds[0]}
         flat = flat_config(*split_trial_config(point, base))
         kind = tuple((k, v) for k, v in flat.items() if k not in SIZE_KEYS and k not in SHAPELESS_KEYS)
-        seen = largest.setdefault(kind, flat)
+        seen, most = largest.setdefault(kind, (flat, stacked))
         seen.update({k: max(seen[k], flat[k]) for k in SIZE_KEYS})
-    return [split_trial_config(flat, base) for flat in largest.values()]
+        largest[kind] = (seen, max(most, stacked))
+    return [(*split_trial_config(flat, base), stacked) for flat, stacked in largest.values()]
 
 
 def probe_corpus(batch_size: int, tokens: int, vocab_size: int) -> EncodedCorpus:
@@ -67,11 +77,12 @@ def probe_corpus(batch_size: int, tokens: int, vocab_size: int) -> EncodedCorpus
                          cache_key="")
 
 
-def in_words(model: ModelConfig, train: TrainConfig, tokens: int, precision: str) -> str:
+def in_words(model: ModelConfig, train: TrainConfig, tokens: int, precision: str, stacked: int = 1) -> str:
     """A trial in the words of the `auto` line, e.g. 'the rope/concat trial (batch 64 x 4096 tokens, d_model 128,
-    2 layers, bf16)', with the precision it resolved to on the card."""
+    2 layers, bf16, 3 seeds stacked)', with the precision it resolved to on the card."""
+    seeds = f", {stacked} seeds stacked" if stacked > 1 else ""
     return (f"the {model.pe_type}/{model.fusion} trial (batch {train.batch_size} x {tokens} tokens, d_model "
-            f"{model.d_model}, {model.num_layers} layer{'s' if model.num_layers > 1 else ''}, {precision})")
+            f"{model.d_model}, {model.num_layers} layer{'s' if model.num_layers > 1 else ''}, {precision}{seeds})")
 
 
 def largest_trial_peak(points: Sequence[dict[str, Any]], base: Preset) -> tuple[int, str]:
@@ -82,12 +93,17 @@ def largest_trial_peak(points: Sequence[dict[str, Any]], base: Preset) -> tuple[
     device = torch.device("cuda")
     tokens, vocab_size = base.data.max_len, max(trial_data(p, base).max_vocab for p in points)
     peaks = []
-    for model, train in largest_trials(points, base):
-        what = in_words(model, train, tokens, resolve_precision(train.precision, "cuda", bf16_supported(device)))
+    for model, train, stacked in largest_trials(points, base):
+        what = in_words(model, train, tokens, resolve_precision(train.precision, "cuda", bf16_supported(device)),
+                        stacked)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+        corpus = probe_corpus(train.batch_size, tokens, vocab_size)
         try:
-            Trainer(model, train, probe_corpus(train.batch_size, tokens, vocab_size), device).train_epoch()
+            if stacked > 1:
+                StackedTrainer(model, train, corpus, list(range(stacked)), device).train_epoch()
+            else:
+                Trainer(model, train, corpus, device).train_epoch()
         except torch.cuda.OutOfMemoryError:
             raise torch.cuda.OutOfMemoryError(f"{what} runs out of GPU memory alone on the card") from None
         gc.collect()  # the trainer's tensors, before the next trial's statistics start

@@ -25,6 +25,7 @@ from pefusion.errors import ConfigError
 from pefusion.fusion.config import ModelConfig, Preset, split_trial_config, trial_data
 from pefusion.fusion.model import build_model_from_config
 from pefusion.data.encoded import EncodedCorpus
+from pefusion.fusion.stacked import StackedTrainer
 from pefusion.fusion.training import Trainer, train_and_evaluate
 
 TRAINER_STATE = "trainer.pt"
@@ -64,22 +65,17 @@ def load_checkpoint(folder: str | Path) -> torch.nn.Module:
 def pefusion_trainable(config: dict[str, Any], *, corpora: Mapping[str, EncodedCorpus], base: Preset, cpus: float,
                        length_edges: tuple[int, ...]) -> None:
     """One PE-fusion trial under Tune: per-epoch reports with a resumable checkpoint, then the final record.
-    `corpora`: the encoded corpus of each tokeniser setting (DataConfig.tokenizer_setting) the space uses."""
+    `corpora`: the encoded corpus of each tokeniser setting (DataConfig.tokenizer_setting) the space uses. A
+    config whose seed is a list (a stacked space) trains those seeds together (`stacked_trial`)."""
     torch.set_num_threads(max(1, int(cpus)))
+    if isinstance(config.get(R.SEED), list):
+        return stacked_trial(config, corpora=corpora, base=base, length_edges=length_edges)
     started = time.time()
     model_cfg, train_cfg = split_trial_config(config, base)
     trainer = Trainer(model_cfg, train_cfg, corpora[trial_data(config, base).tokenizer_setting])
-    # In every report: which node ran it (a tag of its MLflow run), and what only this process knows about itself
-    # (params of its run, columns of the results CSV).
-    about = {R.NODE: ray.get_runtime_context().get_node_id(),
-             R.TRIAL_INFO: {**trainer.placement.info(), R.VISIBLE_DEVICES: os.environ.get("CUDA_VISIBLE_DEVICES", "")}}
-    checkpoint = tune.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as folder:
-            if (Path(folder) / FINAL_RECORD).exists():  # finished before the driver died: report, don't rerun
-                tune.report(json.loads((Path(folder) / FINAL_RECORD).read_text()))
-                return
-            trainer.load_state_dict(torch.load(Path(folder) / TRAINER_STATE, weights_only=False))
+    about = _about(trainer)
+    if _finished_or_restored(trainer):
+        return
 
     def report_epoch(metrics: dict[str, Any], trainer: Trainer) -> None:
         _report_with_files({**metrics, **about},
@@ -92,6 +88,62 @@ def pefusion_trainable(config: dict[str, Any], *, corpora: Mapping[str, EncodedC
         return
     final.update(started_at=started, ended_at=time.time(), **{R.EPOCH: trainer.epoch}, **about)
     _report_with_files(final, lambda folder: _write_final(folder, trainer, final))
+
+
+def stacked_trial(config: dict[str, Any], *, corpora: Mapping[str, EncodedCorpus], base: Preset,
+                  length_edges: tuple[int, ...]) -> None:
+    """The seeds of `config[seed]` trained together (`pefusion.fusion.stacked`), one run each: every report
+    carries each seed's part under `record.RUNS` (an epoch: the seeds still training; the end: every seed's
+    record), the checkpoint holds them all, and the final one a folder per seed with its best model."""
+    started = time.time()
+    seeds = [int(s) for s in config[R.SEED]]
+    model_cfg, train_cfg = split_trial_config({**config, R.SEED: seeds[0]}, base)
+    stacked = StackedTrainer(model_cfg, train_cfg, corpora[trial_data(config, base).tokenizer_setting], seeds)
+    about = {seed: _about(trainer) for seed, trainer in stacked.trainers.items()}
+    node = about[seeds[0]][R.NODE]
+    if _finished_or_restored(stacked):
+        return
+    while not stacked.finished:
+        metrics = stacked.train_epoch()
+        epoch = max(t.epoch for t in stacked.trainers.values())
+        runs = {str(seed): {**m, R.TRIAL_INFO: about[seed][R.TRIAL_INFO]} for seed, m in metrics.items()}
+        _report_with_files({R.EPOCH: epoch, R.NODE: node, R.RUNS: runs},
+                           lambda folder: torch.save(stacked.state_dict(), folder / TRAINER_STATE))
+    records = stacked.final_records(length_edges)
+    final = {R.STATUS: R.STATUS_OK, R.ERROR: "", R.EPOCH: max(t.epoch for t in stacked.trainers.values()),
+             R.NODE: node, "started_at": started, "ended_at": time.time(),
+             R.RUNS: {str(seed): {**record, R.TRIAL_INFO: about[seed][R.TRIAL_INFO]}
+                      for seed, record in records.items()}}
+
+    def files(folder: Path) -> None:
+        for seed, record in records.items():
+            if record[R.STATUS] == R.STATUS_OK:
+                (folder / str(seed)).mkdir()
+                _write_final(folder / str(seed), stacked.trainers[seed], record)
+        (folder / FINAL_RECORD).write_text(json.dumps(final, indent=1))
+
+    _report_with_files(final, files)
+
+
+def _about(trainer: Trainer) -> dict[str, Any]:
+    """What every report of a trial (or a stacked seed) carries: which node ran it (a tag of its MLflow run), and
+    what only this process knows about itself (params of its run, columns of the results CSV)."""
+    return {R.NODE: ray.get_runtime_context().get_node_id(),
+            R.TRIAL_INFO: {**trainer.placement.info(), R.VISIBLE_DEVICES: os.environ.get("CUDA_VISIBLE_DEVICES", "")}}
+
+
+def _finished_or_restored(trainer: Trainer | StackedTrainer) -> bool:
+    """Restart from the trial's checkpoint, if Tune has one: True when the trial had finished (before its driver
+    died) and its final record is reported again; else `trainer` continues from the last epoch's state."""
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return False
+    with checkpoint.as_directory() as folder:
+        if (Path(folder) / FINAL_RECORD).exists():
+            tune.report(json.loads((Path(folder) / FINAL_RECORD).read_text()))
+            return True
+        trainer.load_state_dict(torch.load(Path(folder) / TRAINER_STATE, weights_only=False))
+    return False
 
 
 def trial_run_name(config: dict[str, Any]) -> str:

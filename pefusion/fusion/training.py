@@ -16,7 +16,7 @@ import math
 import statistics
 import time
 from contextlib import nullcontext
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -79,11 +79,7 @@ class Trainer:
                              f"{model_cfg.max_len}: set max_len >= {corpus.max_len}")
         seed_everything(train_cfg.seed)
         self.model = build_model_from_config(model_cfg, corpus.vocab_size, corpus.num_classes).to(self.device)
-        opt_cls = torch.optim.AdamW if train_cfg.optimizer == "adamw" else torch.optim.Adam
-        # On a GPU, one fused kernel updates every parameter instead of a few kernels per parameter tensor; the CPU
-        # keeps the default implementation, whose results the tests pin.
-        self.optimizer = opt_cls(self.model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay,
-                                 **({"fused": True} if self.device.type == "cuda" else {}))
+        self.optimizer = self.make_optimizer(self.model.parameters())
         # The schedule spans the whole max_epochs budget (under ASHA: max_t), as a trial cannot know it will be
         # stopped early; an epoch has ceil(N / batch_size) steps (batching.batch_order).
         self.steps_per_epoch = math.ceil(len(corpus.train) / train_cfg.batch_size)
@@ -97,6 +93,16 @@ class Trainer:
         self.bad_epochs = 0
         self.train_time_s = 0.0
         self.history: list[dict[str, float]] = []
+
+    def make_optimizer(self, params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
+        """The trial's optimiser over `params` (this model's, or the stacked parameters of several seeds: Adam is
+        elementwise, so each seed's slice is updated as its own optimiser would update it)."""
+        cfg = self.train_cfg
+        opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+        # On a GPU, one fused kernel updates every parameter instead of a few kernels per parameter tensor; the CPU
+        # keeps the default implementation, whose results the tests pin.
+        return opt_cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                       **({"fused": True} if self.device.type == "cuda" else {}))
 
     # --- checkpointing ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -148,11 +154,10 @@ class Trainer:
     def train_steps(self) -> Iterator[tuple[torch.Tensor, int]]:
         """The optimiser steps of epoch `self.epoch`, one per batch, each yielding (batch loss as a 0-d tensor on
         the device, batch size). Does not advance the epoch or check the loss (train_epoch does both)."""
-        cfg = self.train_cfg
         self.model.train()
         for i, batch in enumerate(self.batches(self.corpus.train, shuffle=True)):
             if self.scheduled:
-                self.set_lr(self.epoch * self.steps_per_epoch + i)
+                self.set_lr(self.optimizer, i)
             yield self.step(batch), len(batch.labels)
 
     def batches(self, split: EncodedSplit, *, shuffle: bool) -> Iterator[Batch]:
@@ -162,27 +167,33 @@ class Trainer:
                             epoch=self.epoch, device=self.device, pad_multiple=self.placement.pad_multiple,
                             max_width=self.model_cfg.max_len)
 
-    def set_lr(self, step: int) -> None:
-        """The learning rate of optimiser step `step` (0-based) under the configured schedule."""
+    def set_lr(self, optimizer: torch.optim.Optimizer, i: int) -> None:
+        """`optimizer`'s learning rate for step `i` (0-based) of epoch `self.epoch` under the configured schedule
+        (a function of the step's index in the whole budget, so exact across a resume)."""
+        step = self.epoch * self.steps_per_epoch + i
         lr = self.train_cfg.lr * lr_factor(step, self.total_steps, self.warmup_steps, self.train_cfg.lr_schedule)
-        for group in self.optimizer.param_groups:
+        for group in optimizer.param_groups:
             group["lr"] = lr
 
     def train_epoch(self) -> dict[str, float]:
         """One pass over the training split, then validation; updates early stopping. Raises `Diverged` when a
         step's loss was non-finite (checked once, at the end of the epoch: a NaN or inf in any step makes the sum
         non-finite, and checking every step would stall the GPU once per batch)."""
-        cfg = self.train_cfg
         start = time.perf_counter()
         # float64 on the device: the same sum, rounding for rounding, as adding the float32 losses in Python
         loss_sum, n_seen = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for loss, n in self.train_steps():
             loss_sum += loss.double() * n
             n_seen += n
-        train_loss = loss_sum.item() / max(n_seen, 1)
+        return self.end_epoch(loss_sum.item() / max(n_seen, 1), time.perf_counter() - start)
+
+    def end_epoch(self, train_loss: float, seconds: float) -> dict[str, float]:
+        """Close epoch `self.epoch` after its steps: raise `Diverged` on a non-finite mean training loss, else
+        count the epoch and its training seconds, validate, update early stopping and the best state."""
+        cfg = self.train_cfg
         if not math.isfinite(train_loss):
             raise Diverged(f"non-finite training loss ({train_loss}) in epoch {self.epoch + 1}")
-        self.train_time_s += time.perf_counter() - start
+        self.train_time_s += seconds
         self.epoch += 1
 
         val = self.evaluate(self.corpus.validation)

@@ -29,7 +29,8 @@ import pandas as pd
 
 from pefusion import record as R
 from pefusion.errors import SweepInterrupted
-from pefusion.sweep.gpus import AUTO, auto_packing
+from pefusion.sweep.gpus import AUTO, auto_packing, trials_get_a_gpu
+from pefusion.sweep.space import Grid, Stack, grid_size
 from pefusion.sweep.live import LiveSweep, result_rows
 from pefusion.sweep.study import StudySweep
 from pefusion.sweep.options import SweepOptions
@@ -66,7 +67,7 @@ def resolve_gpus(study: StudySweep, opts: SweepOptions) -> SweepOptions:
     if opts.gpus_per_trial not in (AUTO, None):
         return opts
     explicit = opts.gpus_per_trial == AUTO
-    packing = auto_packing(study.gpu_probe, study.space.points(), sweep=study.sweep, remote=bool(opts.address),
+    packing = auto_packing(study.gpu_probe, study.space.trial_points(), sweep=study.sweep, remote=bool(opts.address),
                            declared_gpus=opts.num_gpus, explicit=explicit)
     print(f"--gpus-per-trial auto{'' if explicit else ' (the default)'}: {packing.reason}", flush=True)
     return dataclasses.replace(opts, gpus_per_trial=packing.gpus_per_trial,
@@ -74,15 +75,40 @@ def resolve_gpus(study: StudySweep, opts: SweepOptions) -> SweepOptions:
                                      R.TAG_GPUS_AUTO: packing.reason})
 
 
+def resolve_stacking(study: StudySweep, opts: SweepOptions) -> StudySweep:
+    """`study` with its stackable key's grid trained together in one trial (a `stack`), or not: as `--stack-seeds`
+    says, or the search-space file (a `stack`), and else where the trials get a GPU (a grid of two or more
+    values). Why that default: one small trial leaves a GPU waiting on kernel launches, and S models in one make
+    each kernel S times wider; a CPU is busy with one trial already, and a separate trial's dropout draws are
+    those of the CPU numbers published in the README."""
+    key = study.stackable
+    if key is None or key not in study.space:
+        return study
+    dim = study.space[key]
+    stacked = isinstance(dim, Stack)
+    stack = opts.stack if opts.stack is not None else stacked or (
+        isinstance(dim, Grid) and len(dim.values) > 1 and trials_get_a_gpu(
+            study.gpu_probe, opts.gpus_per_trial, remote=bool(opts.address), declared_gpus=opts.num_gpus))
+    if stack == stacked:
+        return study
+    return dataclasses.replace(study, space=study.space.stacked(key) if stack else study.space.unstacked(key))
+
+
 def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "results") -> SweepResult:
     """Run (or with `opts.resume` continue) one sweep and write its results; see the module docstring."""
     validate(study)
+    study = resolve_stacking(study, opts)
     opts = resolve_gpus(study, opts)
     check_local_request(opts)
     shipped = study.ship()
     line = study.describe(shipped)
     if line:
         print(line, flush=True)
+    stacked = study.space.stacked_key()
+    if stacked:
+        values = study.space[stacked].values
+        print(f"{stacked} {', '.join(map(str, values))} stacked: each of the {grid_size(study.space)} trials trains "
+              f"its {len(values)} runs together, as one batched model", flush=True)
     live, exp_path = run_tune(study, opts, shipped)
     recorder = live.recorder
     rows = pd.DataFrame(result_rows(live.trials))
@@ -115,5 +141,6 @@ def _interrupted(result: SweepResult, path: Path, study: StudySweep, opts: Sweep
     statuses = list(result.rows[R.STATUS]) if R.STATUS in result.rows else []
     n = max(live.total, len(statuses))  # a search makes its trials as it goes: some are not made yet
     finished, running = sum(s in R.FINAL_STATUSES for s in statuses), statuses.count(R.STATUS_INTERRUPTED)
-    raise SweepInterrupted(f"interrupted: {finished} of {n} trials finished ({running} running, "
+    what = "runs" if live.stack_key else "trials"  # a stacked trial's rows are its runs
+    raise SweepInterrupted(f"interrupted: {finished} of {n} {what} finished ({running} running, "
                            f"{n - finished - running} pending); continue with: {opts.resume_command(result.name)}")

@@ -34,9 +34,9 @@ MAX_PER_CARD = 8
 # so that K trials still fit on one card.
 RAY_RESOURCE_DECIMALS = 4
 
-# The study's probe: given the points the sweep can produce (`SearchSpace.points()`), the peak GPU memory in bytes
-# that the largest of their trials holds (torch's reserved memory) on the current CUDA device, and which trial
-# that is, in words. The engine runs it in a spawned process, so it must pickle: a module-level function or a
+# The study's probe: given the points the sweep's trials can be (`SearchSpace.trial_points()`), the peak GPU memory
+# in bytes that the largest of their trials holds (torch's reserved memory) on the current CUDA device, and which
+# trial that is, in words. The engine runs it in a spawned process, so it must pickle: a module-level function or a
 # functools.partial of one.
 GpuProbe = Callable[[Sequence[dict[str, Any]]], tuple[int, str]]
 
@@ -113,6 +113,19 @@ def auto_packing(probe: GpuProbe | None, points: Sequence[dict[str, Any]], *, sw
     usable = min(total, free + CONTEXT_BYTES)
     held = f", {_gib(total - usable)} of its {_gib(total)} held by other processes" if total - usable > GIB else ""
     return pack_trials(peak, usable, trial=trial, card=name + held)
+
+
+def trials_get_a_gpu(probe: GpuProbe | None, gpus_per_trial: float | str | None, *, remote: bool,
+                     declared_gpus: float | None) -> bool:
+    """Whether the trials will run on a GPU: a number > 0, or auto (typed or left out) for a study whose trials
+    use one, on a machine that shows a CUDA device to a local cluster that declares GPUs or to a cluster."""
+    if gpus_per_trial not in (AUTO, None):
+        return float(gpus_per_trial) > 0
+    if probe is None or (declared_gpus == 0 and not remote):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _in_fresh_process(probe: GpuProbe, points: Sequence[dict[str, Any]]) -> tuple[int, str, int, int, str]:

@@ -38,6 +38,36 @@ def _stored_epochs(trial: Trial) -> list[dict[str, Any]]:
     return [r for r in results if R.STATUS not in r and R.EPOCH in r]
 
 
+@dataclass(frozen=True)
+class Run:
+    """One run a trial carries: its key (the MLflow child run's `pefusion.trial_id` tag and the results row's
+    trial_id), the value of the stacked key it stands for (None for a trial that is one run) and its config."""
+
+    key: str
+    member: str | None
+    config: dict[str, Any]
+
+
+def runs_of(trial_id: str, config: Mapping[str, Any], stack_key: str | None) -> list[Run]:
+    """The runs of a trial: one per value of the stacked key where the trial's config holds their list (a
+    `stack` in the search space), else the trial itself."""
+    values = config.get(stack_key) if stack_key else None
+    if not isinstance(values, list):
+        return [Run(trial_id, None, dict(config))]
+    return [Run(f"{trial_id}/{stack_key}={v}", str(v), {**config, stack_key: v}) for v in values]
+
+
+def run_part(result: Mapping[str, Any], run: Run) -> dict[str, Any] | None:
+    """The part of a trial's result that is `run`'s: what all its runs share, with the run's own entry of
+    `record.RUNS` over it. None when the result has runs but not this one (a stacked seed that has stopped
+    reports no more epochs); a result without runs (a trial's error) is every run's."""
+    shared = {k: v for k, v in result.items() if k != R.RUNS}
+    if run.member is None or R.RUNS not in result:
+        return shared
+    own = result[R.RUNS].get(run.member)
+    return None if own is None else {**shared, **own}
+
+
 @dataclass
 class LiveSweep:
     """What the driver knows of the sweep it is running: MLflow forwarding, progress lines, how trials ended.
@@ -57,13 +87,14 @@ class LiveSweep:
     best_metric: str | None = None
     progress: bool = True
     resolved_keys: Sequence[str] = ()  # `StudySweep.resolved_keys`
+    stack_key: str | None = None  # the search space's stacked key: its trials carry one run per value
     every_s: float = 30.0
     total: int = 0
     started_at: float = field(default_factory=time.time)
     said_at: float = field(default_factory=time.time)
     ran: set[str] = field(default_factory=set)  # trials that ran in this driver
     ended_before: set[str] | None = None  # trials already ended when this driver began (a resumed sweep)
-    nodes: dict[str, str] = field(default_factory=dict)  # trial id -> the node its last result came from
+    nodes: dict[str, str] = field(default_factory=dict)  # run key -> the node its last result came from
     concluded: dict[str, str] = field(default_factory=dict)  # trial id -> final status, as Tune concluded them
     finished_here: int = 0  # trials that ended in this driver (the rate behind the time-left estimate)
     epochs: dict[str, int] = field(default_factory=dict)  # trial id -> its last epoch reported to this driver
@@ -77,72 +108,107 @@ class LiveSweep:
         self.ran.add(trial.trial_id)
         if self.first_start is None:
             self.first_start = time.time()
-        self.recorder.later(self.recorder.trial_run, trial.trial_id, self.params(trial), self.run_name(trial.config))
+        for run in self.runs(trial):
+            self.recorder.later(self.recorder.trial_run, run.key, self.params(run), self.run_name(run.config),
+                                {R.TAG_STACKED: trial.trial_id} if run.member is not None else {})
         if trial.checkpoint is not None:  # resumed: epochs a lost write or a killed driver left out of MLflow
             self.recorder.later(self._backfill, trial)  # reads Ray's stored results: off the driver thread
 
-    def params(self, trial: Trial) -> dict[str, Any]:
-        """The params a trial's run gets when it starts: the study's and the trial's config, but for the keys the
-        trial resolves itself (those come with its report, `record.TRIAL_INFO`)."""
-        return {k: v for k, v in {**self.static_params, **trial.config}.items() if k not in self.resolved_keys}
+    def runs(self, trial: Trial) -> list[Run]:
+        return runs_of(trial.trial_id, trial.config, self.stack_key)
+
+    def params(self, run: Run) -> dict[str, Any]:
+        """The params a run gets when it starts: the study's and the run's config, but for the keys the trial
+        resolves itself (those come with its report, `record.TRIAL_INFO`)."""
+        return {k: v for k, v in {**self.static_params, **run.config}.items() if k not in self.resolved_keys}
 
     def _backfill(self, trial: Trial) -> None:
         for result in _stored_epochs(trial):
-            if result.get(R.TRIAL_INFO):
-                self.recorder.log_trial_info(trial.trial_id, result[R.TRIAL_INFO])
-            self.recorder.log_epoch(trial.trial_id, int(result[R.EPOCH]), record_only(result, trial.config))
+            for run in self.runs(trial):
+                part = run_part(result, run)
+                if part is None:
+                    continue
+                if part.get(R.TRIAL_INFO):
+                    self.recorder.log_trial_info(run.key, part[R.TRIAL_INFO])
+                self.recorder.log_epoch(run.key, int(part[R.EPOCH]), record_only(part, run.config))
 
     def result(self, trial: Trial, result: Mapping[str, Any]) -> None:
         self.recorder.check_open()
         if trial.trial_id not in self.ran:
             self.start(trial)
-        if R.NODE in result and self.nodes.get(trial.trial_id) != result[R.NODE]:  # first result, or a retry
-            self.nodes[trial.trial_id] = result[R.NODE]
-            self.recorder.later(self.recorder.tag_trial, trial.trial_id, {R.TAG_NODE: result[R.NODE]})
-            if result.get(R.TRIAL_INFO):  # reported with every result; recorded as it first arrives from a process
-                self.recorder.later(self.recorder.log_trial_info, trial.trial_id, dict(result[R.TRIAL_INFO]))
-        if R.STATUS not in result and R.EPOCH in result:
+        epoch = R.STATUS not in result and R.EPOCH in result
+        if epoch:
             self.epochs[trial.trial_id] = int(result[R.EPOCH])
-            self.recorder.later(self.recorder.log_epoch, trial.trial_id, int(result[R.EPOCH]),
-                                record_only(result, trial.config))
+        for run in self.runs(trial):
+            part = run_part(result, run)
+            if part is None:
+                continue
+            if R.NODE in part and self.nodes.get(run.key) != part[R.NODE]:  # first result, or a retry
+                self.nodes[run.key] = part[R.NODE]
+                self.recorder.later(self.recorder.tag_trial, run.key, {R.TAG_NODE: part[R.NODE]})
+                if part.get(R.TRIAL_INFO):  # reported with every result; recorded as it first arrives from a process
+                    self.recorder.later(self.recorder.log_trial_info, run.key, dict(part[R.TRIAL_INFO]))
+            if epoch:
+                self.recorder.later(self.recorder.log_epoch, run.key, int(part[R.EPOCH]),
+                                    record_only(part, run.config))
 
     def complete(self, trial: Trial, trials: list[Trial]) -> None:
         if trial.trial_id not in self.ran:
             self.start(trial)
-        final = _final(trial)
-        if R.STATUS not in final:  # stopped by the scheduler before its final report
-            final.update({R.STATUS: R.STATUS_STOPPED, R.EPOCHS_RUN: (trial.last_result or {}).get(R.EPOCH, 0)})
-        checkpoint = trial.checkpoint if final[R.STATUS] == R.STATUS_OK else None
-        self.recorder.later(self._finish, trial.trial_id, final, checkpoint)
-        self._concluded(trial, final, trials)
+        finals = []
+        for run in self.runs(trial):
+            final = _final(trial, run)
+            if R.STATUS not in final:  # stopped by the scheduler before its final report
+                final.update({R.STATUS: R.STATUS_STOPPED, R.EPOCHS_RUN: (trial.last_result or {}).get(R.EPOCH, 0)})
+            checkpoint = trial.checkpoint if final[R.STATUS] == R.STATUS_OK else None
+            self.recorder.later(self._finish, run, final, checkpoint)
+            finals.append(final)
+        self._concluded(trial, finals, trials)
 
-    def _finish(self, trial_id: str, final: dict[str, Any], checkpoint: Any) -> None:
+    def _finish(self, run: Run, final: dict[str, Any], checkpoint: Any) -> None:
+        """A run's end; with a checkpoint (an ok run), its files: the trial's final checkpoint, or for a run of a
+        stacked trial the folder named by its value in it."""
         if checkpoint is None:
-            self.recorder.finish_trial(trial_id, final)
+            self.recorder.finish_trial(run.key, final)
             return
         with checkpoint.as_directory() as local_dir:
-            self.recorder.finish_trial(trial_id, final, artifact_dir=local_dir)
+            folder = local_dir if run.member is None else os.path.join(local_dir, run.member)
+            self.recorder.finish_trial(run.key, final, artifact_dir=folder)
 
     def error(self, trial: Trial, trials: list[Trial]) -> None:
         """A trial Ray failed for good: its process or node was lost more than --max-failures times."""
         if trial.trial_id not in self.ran:
             self.start(trial)
-        final = {**_final(trial), R.STATUS: R.STATUS_ERROR, R.ERROR: error_summary(_error_text(trial))}
-        self.recorder.later(self.recorder.finish_trial, trial.trial_id, final)
-        self._concluded(trial, final, trials)
+        finals = []
+        for run in self.runs(trial):
+            final = {**_final(trial, run), R.STATUS: R.STATUS_ERROR, R.ERROR: error_summary(_error_text(trial))}
+            self.recorder.later(self.recorder.finish_trial, run.key, final)
+            finals.append(final)
+        self._concluded(trial, finals, trials)
 
-    def _concluded(self, trial: Trial, final: Mapping[str, Any], trials: list[Trial]) -> None:
-        self.concluded[trial.trial_id] = str(final[R.STATUS])
+    def _concluded(self, trial: Trial, finals: Sequence[Mapping[str, Any]], trials: list[Trial]) -> None:
+        """A trial's end, as its runs ended: it failed if any run did (the first failure names it)."""
+        failed = [f for f in finals if f[R.STATUS] not in R.SUCCESS_STATUSES]
+        self.concluded[trial.trial_id] = str((failed or finals)[0][R.STATUS])
         self.finished_here += 1
         if self.progress:
-            self.say(trials, f"{self.trial_name(trial)}: {self.outcome(final)}")
+            self.say(trials, f"{self.trial_name(trial)}: {self.outcomes(finals)}")
 
     def trial_name(self, trial: Trial) -> str:
         """The trial by what varies in the search, e.g. `lr 6.3e-3 batch 16` or `rope gate_scalar seed 0` (a
-        searched text value reads alone); the run name where nothing varies."""
-        parts = [_short(trial.config[k]) if isinstance(trial.config[k], str)
-                 else f"{self.labels.get(k, k)} {_short(trial.config[k])}" for k in self.varying if k in trial.config]
+        searched text value reads alone; a stacked trial's seeds `seed 0,1,2`); the run name where nothing
+        varies."""
+        def shown(value: Any) -> str:  # a stacked key's values: `seed 0,1,2`
+            return ",".join(map(_short, value)) if isinstance(value, list) else _short(value)
+
+        parts = [shown(trial.config[k]) if isinstance(trial.config[k], str)
+                 else f"{self.labels.get(k, k)} {shown(trial.config[k])}" for k in self.varying if k in trial.config]
         return " ".join(parts) or self.run_name(trial.config) or trial.trial_id
+
+    def outcomes(self, finals: Sequence[Mapping[str, Any]]) -> str:
+        """How a trial's runs ended: one run's `outcome`; a stacked trial's, each run's in turn, e.g.
+        `ok, test 61.2 % | ok, test 58.4 % | diverged: ...`."""
+        return " | ".join(self.outcome(final) for final in finals)
 
     def outcome(self, final: Mapping[str, Any]) -> str:
         """How a trial ended, e.g. `stopped at epoch 3, val 61.2 %`, `ok, test 63.1 %`, `error: ValueError: ...`."""
@@ -220,8 +286,9 @@ class LiveSweep:
                 status = R.STATUS_INTERRUPTED if started else R.STATUS_PENDING
                 self.interrupted = True
                 if trial.trial_id in self.ran:
-                    self.recorder.later(self.recorder.interrupt_trial, trial.trial_id)
-            snapshot.append({"trial_id": trial.trial_id, "config": dict(trial.config), "status": status,
+                    for run in self.runs(trial):
+                        self.recorder.later(self.recorder.interrupt_trial, run.key)
+            snapshot.append({"trial_id": trial.trial_id, "runs": self.runs(trial), "status": status,
                              "last_result": dict(trial.last_result or {}), "error": _error_text(trial)
                              if trial.status == Trial.ERROR else "", "best": self._best(trial)})
         self.trials = snapshot
@@ -234,19 +301,25 @@ class LiveSweep:
                 self.best_metric: trial.metric_analysis.get(self.metric, {}).get(self.mode)}
 
     def _reconcile(self, trial: Trial) -> None:
-        # Its run may be RUNNING (a driver killed mid-finish), or missing altogether (the writes queued for it
-        # were lost with a driver stopped while the tracking server was away): either way, write it from Ray.
-        self.recorder.trial_run(trial.trial_id, self.params(trial), self.run_name(trial.config))
-        if self.recorder.is_done(trial.trial_id):
+        # Its runs may be RUNNING (a driver killed mid-finish), or missing altogether (the writes queued for them
+        # were lost with a driver stopped while the tracking server was away): either way, write them from Ray.
+        runs = self.runs(trial)
+        for run in runs:
+            self.recorder.trial_run(run.key, self.params(run), self.run_name(run.config),
+                                    {R.TAG_STACKED: trial.trial_id} if run.member is not None else {})
+        if all(self.recorder.is_done(run.key) for run in runs):
             return
         self._backfill(trial)
-        if trial.status == Trial.TERMINATED:
-            final = _final(trial)
-            final.setdefault(R.STATUS, R.STATUS_STOPPED)
-            self._finish(trial.trial_id, final, trial.checkpoint if final[R.STATUS] == R.STATUS_OK else None)
-        else:
-            self.recorder.finish_trial(trial.trial_id, {**_final(trial), R.STATUS: R.STATUS_ERROR,
-                                                        R.ERROR: error_summary(_error_text(trial))})
+        for run in runs:
+            if self.recorder.is_done(run.key):
+                continue
+            if trial.status == Trial.TERMINATED:
+                final = _final(trial, run)
+                final.setdefault(R.STATUS, R.STATUS_STOPPED)
+                self._finish(run, final, trial.checkpoint if final[R.STATUS] == R.STATUS_OK else None)
+            else:
+                self.recorder.finish_trial(run.key, {**_final(trial, run), R.STATUS: R.STATUS_ERROR,
+                                                     R.ERROR: error_summary(_error_text(trial))})
 
 
 _LIVE: LiveSweep | None = None  # the sweep this driver process runs
@@ -288,8 +361,9 @@ class TrialEvents(tune.Callback):
         _LIVE.end(trials)
 
 
-def _final(trial: Trial) -> dict[str, Any]:
-    return {k: v for k, v in record_only(trial.last_result or {}, trial.config).items()
+def _final(trial: Trial, run: Run) -> dict[str, Any]:
+    """`run`'s part of the trial's last result, as the metrics of its run."""
+    return {k: v for k, v in record_only(run_part(trial.last_result or {}, run) or {}, run.config).items()
             if k not in ("started_at", "ended_at")}
 
 
@@ -328,27 +402,31 @@ def error_summary(error: Any) -> str:
 
 
 def result_rows(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One flat row per trial of `LiveSweep.trials`: its config and final record, failed ones with their reason
-    (never dropped), trials a scheduler stopped with their best epoch, unfinished ones (an interrupted sweep)
-    with their own configuration and status 'interrupted' or 'pending'."""
+    """One flat row per run of `LiveSweep.trials` (a trial is one run, a stacked trial one per stacked value): its
+    config and final record, failed ones with their reason (never dropped), runs a scheduler stopped with their
+    best epoch, unfinished ones (an interrupted sweep) with their own configuration and status 'interrupted' or
+    'pending'."""
     rows = []
     for trial in trials:
-        config, last, status = trial["config"], trial["last_result"], trial["status"]
-        row: dict[str, Any] = {"trial_id": trial["trial_id"], **config}
-        if status in (R.STATUS_INTERRUPTED, R.STATUS_PENDING):
-            row.update({R.STATUS: status, R.ERROR: "", R.EPOCHS_RUN: last.get(R.EPOCH)})
-        elif trial["error"]:
-            row.update({R.STATUS: R.STATUS_ERROR, R.ERROR: error_summary(trial["error"])})
-        elif R.STATUS in last:
-            row.update(record_only(last, config))
-        else:  # stopped by the scheduler: its last epoch's optimised metric and its best so far count
-            row.update({R.STATUS: R.STATUS_STOPPED, R.ERROR: "", R.EPOCHS_RUN: last.get(R.EPOCH), **trial["best"]})
-        row.update(last.get(R.TRIAL_INFO) or {})  # what the trial resolved replaces what its config asked for
-        rows.append(row)
+        status = trial["status"]
+        for run in trial["runs"]:
+            last = run_part(trial["last_result"], run) or {}
+            row: dict[str, Any] = {"trial_id": run.key, **run.config}
+            if status in (R.STATUS_INTERRUPTED, R.STATUS_PENDING):
+                row.update({R.STATUS: status, R.ERROR: "", R.EPOCHS_RUN: last.get(R.EPOCH)})
+            elif trial["error"]:
+                row.update({R.STATUS: R.STATUS_ERROR, R.ERROR: error_summary(trial["error"])})
+            elif R.STATUS in last:
+                row.update(record_only(last, run.config))
+            else:  # stopped by the scheduler: its last epoch's optimised metric and its best so far count
+                row.update({R.STATUS: R.STATUS_STOPPED, R.ERROR: "", R.EPOCHS_RUN: last.get(R.EPOCH),
+                            **trial["best"]})
+            row.update(last.get(R.TRIAL_INFO) or {})  # what the trial resolved replaces what its config asked for
+            rows.append(row)
     return rows
 
 
 def record_only(result: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """A reported result without Ray's bookkeeping or the config (those are params, not metrics)."""
-    skip = set(AUTO_RESULT_KEYS) | RAY_EXTRA_KEYS | set(config) | {R.EPOCH, R.TRIAL_INFO}
+    skip = set(AUTO_RESULT_KEYS) | RAY_EXTRA_KEYS | set(config) | {R.EPOCH, R.TRIAL_INFO, R.RUNS}
     return {k: v for k, v in result.items() if k not in skip}

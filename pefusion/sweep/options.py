@@ -39,6 +39,8 @@ class SweepOptions:
     progress: bool = True  # a line as each trial ends and every 30 s (-q: none)
     max_failures: int = 2  # restarts of a trial whose process or node was lost, from its last checkpoint
     autoscaling: bool = False  # the cluster adds nodes: a request no node holds now may wait
+    # Train the study's stackable key's values together in one trial (--stack-seeds); None: where trials get a GPU.
+    stack: bool | None = None
     command: str = ""  # the command as typed (its --resume form ends an interrupted sweep's line)
     tags: dict[str, str] = field(default_factory=dict)
 

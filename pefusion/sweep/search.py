@@ -65,6 +65,10 @@ def check(plan: SearchPlan, objective: Objective, space: SearchSpace) -> None:
         used = f"--search {plan.search}" if plan.search in NEEDS_METRIC_SEARCHES else f"--scheduler {plan.scheduler}"
         raise ConfigError(f"{used} optimises a metric, and this sweep has none: use --search grid or random with "
                           f"--scheduler fifo")
+    stacked = space.stacked_key()
+    if stacked and objective.metric is not None:
+        raise SearchSpaceError(f"{space.source}: {stacked}: a stacked trial reports its metric once per run, and "
+                               f"a search or scheduler judges a trial by one: write {stacked} as a grid")
     sampled = [key for key, dim in space.items() if not isinstance(dim, (Grid, Constant))]
     if plan.search == "grid":
         if sampled:

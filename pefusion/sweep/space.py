@@ -8,6 +8,7 @@ A file maps each key to one dimension::
     lr: {loguniform: [1e-4, 1e-2]}             # low, high (also: uniform)
     gate_kernel: {randint: [3, 8]}             # low inclusive, high exclusive, like tune.randint
     dropout: 0.1                               # a plain value is a constant
+    seed: {stack: [0, 1, 2]}                   # every value, trained together in one trial: one run each
 
 Each key is checked against the study's `KeyRule` (type, allowed names, numeric range; `pefusion.errors`), and
 every point the space can produce against the study's `Rules.check_point`. The engine knows no study: the rules
@@ -71,9 +72,18 @@ class Constant:
     value: Any
 
 
-Dimension = Union[Grid, Choice, Uniform, LogUniform, RandInt, Constant]
-_DIMENSION_TYPES = (Grid, Choice, Uniform, LogUniform, RandInt, Constant)
-_KINDS = {"grid": Grid, "choice": Choice, "uniform": Uniform, "loguniform": LogUniform, "randint": RandInt}
+@dataclass(frozen=True)
+class Stack:
+    """Every value, like a grid, but all of them in one trial: the trial's config holds the list, and the trial
+    carries one run per value (the seeds of a grid cell trained as one batched model). At most one per space."""
+
+    values: tuple
+
+
+Dimension = Union[Grid, Choice, Uniform, LogUniform, RandInt, Constant, Stack]
+_DIMENSION_TYPES = (Grid, Choice, Uniform, LogUniform, RandInt, Constant, Stack)
+_KINDS = {"grid": Grid, "choice": Choice, "uniform": Uniform, "loguniform": LogUniform, "randint": RandInt,
+          "stack": Stack}
 _KIND_NAMES = ", ".join(_KINDS) + " (or a plain value for a constant)"
 
 # ---------------------------------------------------------------------------------------------------------
@@ -118,7 +128,7 @@ def _check_dimension(source: str, key: str, dim: Dimension, rule: KeyRule) -> Di
     if isinstance(dim, Constant):
         return Constant(_coerce(where, dim.value, rule))
     name = next(k for k, cls in _KINDS.items() if isinstance(dim, cls))
-    if isinstance(dim, (Grid, Choice)):
+    if isinstance(dim, (Grid, Choice, Stack)):
         if not dim.values:
             raise SearchSpaceError(f"{where}: {name} is empty; list at least one value ({rule.allowed()})")
         values = tuple(_coerce(where, v, rule) for v in dim.values)
@@ -155,7 +165,7 @@ def _to_dimension(where: str, raw: Any) -> Dimension:
     if len(raw) != 1 or next(iter(raw)) not in _KINDS:
         raise SearchSpaceError(f"{where}: unknown dimension {list(raw)}; use exactly one of {_KIND_NAMES}")
     kind, arg = next(iter(raw.items()))
-    if kind in ("grid", "choice"):
+    if kind in ("grid", "choice", "stack"):
         if not isinstance(arg, list):
             raise SearchSpaceError(f"{where}: {kind} needs a list of values, got {arg!r}")
         return _KINDS[kind](tuple(arg))
@@ -185,13 +195,22 @@ class SearchSpace(Mapping):
         """Every combination of the values a trial can take: grid and choice values, constants, and both ends of
         each sampled range (the one place a space is enumerated: validation, benchmarks)."""
         def values(dim: Dimension) -> tuple:
-            if isinstance(dim, (Grid, Choice)):
+            if isinstance(dim, (Grid, Choice, Stack)):  # each stacked value is a run: checked as one
                 return dim.values
             if isinstance(dim, Constant):
                 return (dim.value,)
             return (dim.lo, dim.hi - 1 if isinstance(dim, RandInt) else dim.hi)
         keys = list(self.dims)
         return [dict(zip(keys, combo)) for combo in itertools.product(*(values(self.dims[k]) for k in keys))]
+
+    def trial_points(self) -> list[dict[str, Any]]:
+        """`points` as trials see them: a Stack's values as one list (what a trial that carries them needs to
+        know, such as the GPU memory of its models together)."""
+        stacked = self.stacked_key()
+        if stacked is None:
+            return self.points()
+        rest = SearchSpace({k: d for k, d in self.dims.items() if k != stacked}, self.rules, self.source).points()
+        return [{**point, stacked: list(self.dims[stacked].values)} for point in rest]
 
     def check_points(self, defaults: Mapping[str, Any] | None = None) -> None:
         """The rules' whole-point check on every point, keys the space lacks taken from `defaults`."""
@@ -209,10 +228,31 @@ class SearchSpace(Mapping):
         return parse_search_space({**self.dims, key: dim}, self.rules, self.source)
 
     def override_values(self, key: str, values: str | Sequence) -> SearchSpace:
-        """Replace `key` from a command line, e.g. ('pe_type', 'sinusoidal,rope'): keeps a Choice a Choice,
-        anything else becomes a Grid."""
+        """Replace `key` from a command line, e.g. ('pe_type', 'sinusoidal,rope'): keeps a Choice a Choice and
+        a Stack a Stack, anything else becomes a Grid."""
         items = tuple(v.strip() for v in values.split(",")) if isinstance(values, str) else tuple(values)
-        return self.override(key, (Choice if isinstance(self.dims.get(key), Choice) else Grid)(items))
+        kind = type(self.dims.get(key)) if isinstance(self.dims.get(key), (Choice, Stack)) else Grid
+        return self.override(key, kind(items))
+
+    def stacked_key(self) -> str | None:
+        """The key whose values one trial trains together (a `Stack`), if any."""
+        return next((key for key, dim in self.dims.items() if isinstance(dim, Stack)), None)
+
+    def stacked(self, key: str) -> SearchSpace:
+        """A copy whose `key` (a grid or a constant) is a Stack of the same values: what `--stack-seeds` makes of
+        the seed grid."""
+        dim = self.dims.get(key)
+        if isinstance(dim, (Grid, Stack)):
+            return self.override(key, Stack(dim.values))
+        if isinstance(dim, Constant):
+            return self.override(key, Stack((dim.value,)))
+        raise SearchSpaceError(f"{self.source}: {key}: only a grid's values (or a constant) can be stacked in one "
+                               f"trial, not a {type(dim).__name__.lower() if dim else 'missing key'}")
+
+    def unstacked(self, key: str) -> SearchSpace:
+        """A copy whose Stack `key` is a grid of the same values: one trial per value."""
+        dim = self.dims[key]
+        return self.override(key, Grid(dim.values)) if isinstance(dim, Stack) else self
 
 
 def parse_search_space(mapping: Mapping[str, Any], allowed: Mapping[str, KeyRule],
@@ -221,7 +261,7 @@ def parse_search_space(mapping: Mapping[str, Any], allowed: Mapping[str, KeyRule
     if not isinstance(mapping, Mapping):
         raise SearchSpaceError(f"{source}: a search space is a mapping of key: dimension, "
                                f"got {type(mapping).__name__}")
-    dims = {}
+    dims: dict[str, Dimension] = {}
     for key, raw in mapping.items():
         if key not in allowed:
             hint = difflib.get_close_matches(str(key), allowed, n=1)
@@ -229,6 +269,10 @@ def parse_search_space(mapping: Mapping[str, Any], allowed: Mapping[str, KeyRule
             raise SearchSpaceError(f"{source}: unknown key {key!r}{did_you_mean}; allowed: {', '.join(allowed)}")
         dim = raw if isinstance(raw, _DIMENSION_TYPES) else _to_dimension(f"{source}: {key}", raw)
         dims[key] = _check_dimension(source, key, dim, allowed[key])
+    stacks = [key for key, dim in dims.items() if isinstance(dim, Stack)]
+    if len(stacks) > 1:
+        raise SearchSpaceError(f"{source}: {', '.join(stacks)}: a trial stacks the values of one key only; make "
+                               f"the others grids")
     space = SearchSpace(dims, allowed, source)
     space.check_points()
     return space
@@ -257,13 +301,16 @@ def load_search_space(path: str | Path, allowed: Mapping[str, KeyRule]) -> Searc
 
 
 def grid_size(space: SearchSpace) -> int:
-    """Trials per sample: the product of the grid lengths (1 without grids)."""
+    """Trials per sample: the product of the grid lengths (1 without grids; a Stack makes no more trials)."""
     return math.prod(len(d.values) for d in space.values() if isinstance(d, Grid))
 
 
 def require_no_grid(space: SearchSpace, reason: str) -> None:
     """Reject grids where a searcher must sample, e.g. reason='with Optuna (it samples every key)'."""
     for key, dim in space.items():
+        if isinstance(dim, Stack):
+            raise SearchSpaceError(f"{space.source}: {key}: stack cannot be used {reason}; a stacked trial "
+                                   f"trains its runs together to the end: write {key}: {{grid: {list(dim.values)}}}")
         if isinstance(dim, Grid):
             raise SearchSpaceError(f"{space.source}: {key}: grid cannot be used {reason}; "
                                    f"write {key}: {{choice: {list(dim.values)}}} instead")
@@ -284,6 +331,8 @@ def to_tune(space: SearchSpace) -> dict[str, Any]:
             return tune.loguniform(dim.lo, dim.hi)
         if isinstance(dim, RandInt):
             return tune.randint(dim.lo, dim.hi)
+        if isinstance(dim, Stack):
+            return list(dim.values)  # one trial, its config holding every value
         return dim.value
 
     return {key: convert(dim) for key, dim in space.items()}
@@ -295,7 +344,7 @@ def to_optuna(space: SearchSpace) -> dict[str, Any]:
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     def convert(dim: Dimension) -> Any:
-        if isinstance(dim, (Grid, Choice)):
+        if isinstance(dim, (Grid, Choice, Stack)):
             return CategoricalDistribution(dim.values)
         if isinstance(dim, (Uniform, LogUniform)):
             return FloatDistribution(dim.lo, dim.hi, log=isinstance(dim, LogUniform))

@@ -57,6 +57,9 @@ class StudySweep:
     # Config keys whose value a trial resolves where it runs (a precision of `auto`): their params are recorded from
     # what the trial reports (`record.TRIAL_INFO`), not from the config, since MLflow never changes a param.
     resolved_keys: Sequence[str] = ()
+    # A key whose grid values the study's trainable can train together in one trial, one run each (the seeds of a
+    # PE-fusion cell): `--stack-seeds` makes that grid a `stack`, and left out, it is stacked where trials get a GPU.
+    stackable: str | None = None
 
 
 def varying_keys(space: SearchSpace) -> list[str]:

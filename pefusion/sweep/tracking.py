@@ -434,8 +434,10 @@ class SweepRecorder:
             self.client.set_tag(self.parent_run_id, k, str(v))
 
     # --- child runs ---------------------------------------------------------------------------------------
-    def trial_run(self, trial_id: str, params: Mapping[str, Any], run_name: str | None = None) -> str:
-        """The child run of a trial, created once (found again by tag on resume)."""
+    def trial_run(self, trial_id: str, params: Mapping[str, Any], run_name: str | None = None,
+                  tags: Mapping[str, str] | None = None) -> str:
+        """The child run of a trial (or of one run of a stacked trial: `trial_id` is then the run's key, and
+        `tags` name the trial that carried it), created once (found again by tag on resume)."""
         if trial_id in self._runs:
             return self._runs[trial_id]
         found = self._search(f"tags.`{R.TAG_PARENT}` = '{self.parent_run_id}' and "
@@ -465,7 +467,7 @@ class SweepRecorder:
         else:
             run = self.client.create_run(self.experiment_id, run_name=run_name, tags={
                 R.TAG_PARENT: self.parent_run_id, R.TAG_ROLE: "trial", R.TAG_TRIAL_ID: trial_id,
-                R.TAG_SWEEP: self.sweep, R.TAG_GIT_COMMIT: git_commit()})
+                R.TAG_SWEEP: self.sweep, R.TAG_GIT_COMMIT: git_commit(), **(tags or {})})
             run_id = run.info.run_id
             self._log_params(run_id, params)
             self._params[run_id] = set(params)

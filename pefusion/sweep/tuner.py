@@ -173,7 +173,9 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
     sweep = live.begin(LiveSweep(
         recorder, dict(study.static_params), study.run_name, shown=study.shown, varying=varying_keys(study.space),
         labels=study.labels, metric=study.metric, mode=study.mode, best_metric=study.best_metric,
-        progress=opts.progress, resolved_keys=tuple(study.resolved_keys)))
+        progress=opts.progress, resolved_keys=tuple(study.resolved_keys),
+        # a resumed sweep's trials carry the runs they were made with, whatever this driver's flags say
+        stack_key=study.space.stacked_key() or study.stackable))
     trainable = tune.with_parameters(catching_errors(study.trainable, study.metric), **shipped)
     wrapped = tune.with_resources(trainable, {"cpu": opts.cpus_per_trial, "gpu": opts.gpus_per_trial})
     param_space = to_tune(study.space)
