@@ -11,8 +11,9 @@ from pefusion.errors import ConfigError
 
 
 BAD_INPUTS = [
-    (["--pe-types", "sinusoidal,fourier"], "'fourier' is not allowed"),
-    (["--fusions", "gated"], "'gated' is not allowed"),
+    # the flag the user typed, not the search-space file it narrows (issue 30)
+    (["--pe-types", "sinusoidal,fourier"], "--pe-types sinusoidal,fourier: pe_type: 'fourier' is not allowed"),
+    (["--fusions", "gated"], "--fusions gated: fusion: 'gated' is not allowed"),
     (["--pe-types", "rotary", "--fusions", "add"], "fusion='none'"),
     (["--data-dir", "/nonexistent/data"], "--data-dir /nonexistent/data is not a directory"),
     (["--tracking-uri", "http://127.0.0.1:9"], "unreachable"),

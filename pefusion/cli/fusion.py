@@ -120,10 +120,10 @@ def corpus_settings(space: SearchSpace, preset: Preset) -> dict[str, DataConfig]
 
 def _load_space(args: argparse.Namespace, preset: Preset) -> SearchSpace:
     space = load_search_space(search_space_path(args), RULES)
-    for key, values in ((R.PE_TYPE, getattr(args, "pe_types", None)), (R.FUSION, getattr(args, "fusions", None)),
-                        (R.SEED, getattr(args, "seeds", None))):
+    for key, flag in ((R.PE_TYPE, "--pe-types"), (R.FUSION, "--fusions"), (R.SEED, "--seeds")):
+        values = getattr(args, flag[2:].replace("-", "_"), None)
         if values:
-            space = space.override_values(key, values)
+            space = space.override_values(key, values, flag)
     check_pe_fusion_pairs(space, preset.model)
     return space
 

@@ -51,7 +51,7 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, argv: Sequence[str] 
     for (flag, *_), key in zip(NARROWING, (R.ALPHA, R.OMEGA, R.SEED, R.INIT)):
         values = getattr(args, flag.lstrip("-"))
         if values:
-            space = space.override_values(key, values)
+            space = space.override_values(key, values, flag)
     if args.smoke:  # the smoke budget wins over the space file's CV settings too
         for key in CV_KEYS:
             if key in space:
