@@ -29,7 +29,7 @@ DEMO = ["--preset", "demo", "--pe-types", "sinusoidal", "--fusions", "add,gate_s
 TABLE_ROW = re.compile(r"sinusoidal\s+(add|gate_scalar|concat)\s")
 # The sweep's own lines: what the driver and the command print (a sweep's one-line error included).
 OURS = [TABLE_ROW, *(re.compile(p) for p in (
-    r"\d+ trials on ",  # what the sweep runs on
+    r"\d+ trials? on ",  # what the sweep runs on
     r"Ray and MLflow messages: ",
     r"Ray dashboard: http",
     r"MLflow: ",  # where the runs go
@@ -37,7 +37,7 @@ OURS = [TABLE_ROW, *(re.compile(p) for p in (
     r"\[\d\d:\d\d:\d\d\] \d+/\d+ done",  # progress
     r"interrupted: .*continue with: ",
     r"error: ",
-    r"\d+ trials, \d+ ok, \d+ failed",
+    r"\d+ trials?, \d+ ok, \d+ failed",
     r"results: ",
     r"Ray experiment: ",
 ))]

@@ -173,7 +173,7 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
     sweep = live.begin(LiveSweep(
         recorder, dict(study.static_params), study.run_name, shown=study.shown, varying=varying_keys(study.space),
         labels=study.labels, metric=study.metric, mode=study.mode, best_metric=study.best_metric,
-        progress=opts.progress))
+        progress=opts.progress, planned_epochs=study.planned_epochs, may_end_early=study.may_end_early))
     trainable = tune.with_parameters(catching_errors(study.trainable, study.metric), **shipped)
     wrapped = tune.with_resources(trainable, {"cpu": opts.cpus_per_trial, "gpu": opts.gpus_per_trial})
     param_space = to_tune(study.space)
