@@ -19,6 +19,11 @@ BAD_INPUTS = [
     (["--tracking-uri", "http://127.0.0.1:9"], "unreachable"),
     (["--cpus-per-trial", "0"], "--cpus-per-trial"),
     (["--gpus-per-trial", "lots"], "--gpus-per-trial 'lots': give a number of GPUs per trial"),
+    # where --resume looked, and how to point it elsewhere (issue 30)
+    (["--resume"], "(--storage-path's default: ./ray_results of the folder the command runs in); pass the "
+                   "--storage-path and --name the sweep ran with"),
+    (["--resume", "--storage-path", "/nonexistent/rr", "--name", "x"],
+     "--resume: no experiment x in /nonexistent/rr; pass the --storage-path and --name"),
 ]
 
 

@@ -91,10 +91,11 @@ def git_commit() -> str:
         return ""
 
 
-def command_line(argv: Sequence[str] | None = None, program: str = "") -> str:
+def command_line(argv: Sequence[str] | None = None, program: str = "", *, absolute: bool = False) -> str:
     """The command that started this process, quoted so that pasted in the same folder it runs again: the
-    interpreter as the user would type it (`_interpreter`) and the script's path as given, or an installed command
-    (an entry point) by its name when PATH finds it, else by its path; then the arguments.
+    interpreter as the user would type it (`_interpreter`) and the script's path as given (`absolute`: its
+    absolute path, so that it runs from any folder), or an installed command (an entry point) by its name when
+    PATH finds it, else by its path; then the arguments.
 
     `argv` replaces this process's arguments; `program` names the command that takes them when they are not this
     process's own (a main called in-process: this process's command line is then another program's).

@@ -150,7 +150,7 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
     name = opts.experiment_name(study.preset)
     exp_path = f"{opts.storage_root().rstrip('/')}/{name}"
     if opts.resume and not opts.is_remote_storage and not Path(exp_path).is_dir():
-        raise ConfigError(f"--resume: no experiment at {exp_path}")
+        raise opts.nothing_to_resume(name)
     if not opts.resume and not opts.is_remote_storage and Path(exp_path).exists():
         raise ConfigError(f"experiment {exp_path} exists: pass --resume to continue it, or another --name")
     console.quiet(exp_path, opts.verbose)  # Ray's and MLflow's messages to the experiment's driver.log (-v: here)
