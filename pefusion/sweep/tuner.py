@@ -167,8 +167,9 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
         print(f"Ray dashboard: {dashboard}  (token: `ray get-auth-token`)", flush=True)
     # Opened while Tune starts the trials' processes (both take seconds); a trial's first event waits for it.
     recorder = SweepRecorder(uri, opts.experiment or study.experiment, opts.sweep, exp_path, wait=False,
-                             announce=True, tags={R.TAG_RAY_ADDRESS: opts.address or "local",
-                                                  R.TAG_COMMAND: opts.command, **opts.tags})
+                             announce=True, system_metrics=True,
+                             tags={R.TAG_RAY_ADDRESS: opts.address or "local", R.TAG_COMMAND: opts.command,
+                                   **opts.tags})
 
     sweep = live.begin(LiveSweep(
         recorder, dict(study.static_params), study.run_name, shown=study.shown, varying=varying_keys(study.space),
