@@ -119,8 +119,13 @@ def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, c
     assert match, err[-3000:]
     finished, n, running, pending = map(int, match.groups()[:4])
     assert n == 4 and finished >= 1 and finished + running + pending == 4 and running <= 1
-    # the command as it was run (the script by the path given), pasted below as is
-    assert shlex.split(match.group(5))[1:] == [str(REPO / "sweeps" / "arxiv_grid.py"), *args, "--resume"]
+    # the command as it was run, every path absolute (the storage and results folders of the working folder
+    # named), pasted below as is
+    portable = [*GRID, "--name", "cut", "--tracking-uri", f"sqlite:///{cut_db}", "--cache-dir",
+                str(Path(cache_dir).resolve())]
+    assert shlex.split(match.group(5))[1:] == [str(REPO / "sweeps" / "arxiv_grid.py"), *portable, "--storage-path",
+                                               str(tmp_path.resolve() / "ray_results"), "--out",
+                                               str(tmp_path.resolve() / "results"), "--resume"]
     progress = [ln for ln in lines if re.match(r"^\[\d\d:\d\d:\d\d\] \d/4 done", ln)]
     # a trial's end names it by what the grid varies (…; learned add: ok, test 22.0 %); a periodic line names none
     ended = [ln for ln in progress if re.search(r"; (sinusoidal|learned) (add|concat): ", ln)]

@@ -231,14 +231,11 @@ def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | No
         tags={R.TAG_SEARCH_SPACE: search_space_path(args), "pefusion.preset": getattr(args, "preset", "")})
 
 
-# The flags whose value is a path or a store that a relative value, or the default, finds in the working folder.
-PATH_FLAGS = ("--storage-path", "--tracking-uri", "--out", "--search-space", "--data-dir", "--cache-dir")
-
-
 def portable_args(args: argparse.Namespace, argv: Sequence[str]) -> list[str]:
-    """`argv` as it runs from any folder: each of PATH_FLAGS given by its absolute value (the storage path, the
-    tracking store and the output folder even when not typed, since their defaults are the working folder's),
-    in place where typed, else at the end (where it wins over an abbreviation argparse took)."""
+    """`argv` as it runs from any folder: each flag whose value is a path or a store that a relative value, or
+    the default, finds in the working folder given by its absolute value (the storage path, the tracking store and
+    the output folder even when not typed, since their defaults are the working folder's), in place where typed,
+    else at the end (where it wins over an abbreviation argparse took)."""
     from pefusion.sweep.tracking import resolve_tracking_uri
 
     def absolute(path: str | None) -> str | None:

@@ -359,8 +359,9 @@ class SystemMetrics:
 
     @staticmethod
     def start(uri: str, run_id: str) -> SystemMetrics | None:
-        """The monitor of run `run_id`, started; None where psutil is missing or the user turned MLflow's system
-        metrics off (MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false)."""
+        """The monitor of run `run_id`, started; None where psutil is missing, the user turned MLflow's system
+        metrics off (MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false) or the monitor cannot start: the sweep never
+        depends on it. A store that is away raises (the writer retries the opening it is part of)."""
         from mlflow.environment_variables import MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING as ENABLED
 
         if ENABLED.defined and not ENABLED.get():
@@ -368,6 +369,10 @@ class SystemMetrics:
         try:
             return SystemMetrics(uri, run_id)
         except ImportError:  # psutil (MLflow's CPU monitor imports it)
+            return None
+        except Exception as exc:  # noqa: BLE001
+            if is_unreachable(exc):
+                raise
             return None
 
     def restart(self) -> None:
