@@ -185,10 +185,10 @@ def tfidf_baseline(data: DataConfig) -> dict[str, Any]:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    from pefusion.data.readers import map_labels, read_source
+    from pefusion.data.readers import map_labels
 
     start = time.perf_counter()
-    raw, class_names = read_source(data)
+    raw, class_names = data.source.read()
     labels, _ = map_labels(raw, data.label_column, class_names)
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
     x_train = vectorizer.fit_transform(raw["train"].texts)  # fitted on the training split only

@@ -93,6 +93,24 @@ TAG_STACKED = "pefusion.stacked_in"  # on the runs of a stacked trial: the Ray t
 TAG_NODE = "pefusion.node"  # on child runs: the Ray node id that ran the trial (the last one, after a retry)
 TAG_SCHEDULER = "pefusion.scheduler"  # on a search's parent run: asha or fifo (sweeps/lr_batch_asha.py)
 
+# --- what the machine did: MLflow's system metrics on a sweep's parent run (pefusion.sweep.tracking) ---------
+# MLflow names them (its SystemMetricsMonitor); a GPU's are per device index, from NVML (nvidia-ml-py).
+SYSTEM_PREFIX = "system/"
+SYSTEM_CPU = "system/cpu_utilization_percentage"  # of the whole machine
+SYSTEM_RAM_MB = "system/system_memory_usage_megabytes"
+SYSTEM_RAM_PCT = "system/system_memory_usage_percentage"
+GPU_UTILISATION = "utilization_percentage"  # see GPU_BUSY_LABEL
+GPU_MEMORY_MB = "memory_usage_megabytes"
+# NVML's "utilisation" is the share of time in which a kernel ran, not of the arithmetic the card can do (an H200
+# read 100 % while doing a few per cent of its peak): wherever it is shown, it is shown as this.
+GPU_BUSY_LABEL = "a GPU's utilization_percentage is the share of time a kernel ran (NVML), not of its arithmetic"
+
+
+def system_gpu(index: int, what: str) -> str:
+    """MLflow's name of GPU `index`'s system metric `what`, e.g. system_gpu(0, GPU_UTILISATION)."""
+    return f"{SYSTEM_PREFIX}gpu_{index}_{what}"
+
+
 # --- a search's epoch budget (metrics of its MLflow parent run) ----------------------------------------------
 EPOCHS_TRAINED = "epochs_trained"  # epochs the trials actually ran
 EPOCHS_FULL_BUDGET = "epochs_full_budget"  # trials × max_t: what the same samples cost without early stopping

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -424,11 +425,17 @@ def test_report_pefusion_sweep_logged_to_parent(store, tmp_path):
     assert "results/figures/accuracy_per_fusion_ccdv-arxiv-classification.pdf" in figures
 
 
-def test_report_student_sweep(store, tmp_path):
+def test_report_student_sweep(store, tmp_path, capsys):
     assert RU.load_sweep(store["uri"], "student-attention", latest_sweep=True).name == "phase_diagram"
     argv = ["--tracking-uri", store["uri"], "--experiment", "student-attention", "--parent-run", store["cv"],
             "--out", str(tmp_path), "--no-log"]
     assert load_script("scripts/report.py").main(argv) == 0
+    # the theory takes minutes the first time: said as it starts, and how long it took (issue 30)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("report: solving the d → ∞ theory at every point (minutes; cached in "), lines
+    assert re.fullmatch(r"report: the d → ∞ theory ready in \d+ s", lines[1]), lines
+    assert load_script("scripts/report.py").main(argv) == 0
+    assert capsys.readouterr().out.startswith(f"report: the d → ∞ theory from {tmp_path / 'student_theory_points.csv'}")
     text = (tmp_path / f"report_lambda_cv_{store['cv'][:8]}.html").read_text()
     assert "RuntimeError: out of memory" in text and COMMAND in text
     assert text.count("data:image/png;base64,") == 4

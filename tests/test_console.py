@@ -30,7 +30,7 @@ TABLE_ROW = re.compile(r"sinusoidal\s+(add|gate_scalar|concat)\s")
 # The sweep's own lines: what the driver and the command print (a sweep's one-line error included).
 OURS = [TABLE_ROW, *(re.compile(p) for p in (
     r"--gpus-per-trial auto \(the default\): ",  # where the trials run (a machine without a GPU: the CPU)
-    r"\d+ trials on ",  # what the sweep runs on
+    r"\d+ trials? on ",  # what the sweep runs on
     r"Ray and MLflow messages: ",
     r"Ray dashboard: http",
     r"MLflow: ",  # where the runs go
@@ -38,7 +38,7 @@ OURS = [TABLE_ROW, *(re.compile(p) for p in (
     r"\[\d\d:\d\d:\d\d\] \d+/\d+ done",  # progress
     r"interrupted: .*continue with: ",
     r"error: ",
-    r"\d+ trials, \d+ ok, \d+ failed",
+    r"\d+ trials?, \d+ ok, \d+ failed",
     r"results: ",
     r"Ray experiment: ",
 ))]
@@ -134,11 +134,13 @@ def _finished_trials(db: Path) -> int:
 
 @pytest.mark.subprocess_ray
 def test_the_printed_resume_command_pasted_in_another_folder_completes_the_sweep_quietly(tmp_path, cache_dir):
-    """Run from a folder other than the clone, the script named by a relative path, and stopped by Ctrl-C once a
-    trial has finished: the command it prints, pasted as is in that folder (`shell=True`), completes the sweep,
-    and neither run prints a line of Ray or MLflow."""
-    cwd = tmp_path / "elsewhere"
+    """Run from a folder other than the clone, the script named by a relative path, Ray's storage and the results
+    left to their defaults in that folder, and stopped by Ctrl-C once a trial has finished: the command it prints,
+    pasted as is in yet another folder (`shell=True`), completes the sweep where it ran, leaves nothing in the
+    folder it was pasted in, and neither run prints a line of Ray or MLflow."""
+    cwd, another = tmp_path / "elsewhere", tmp_path / "another"
     cwd.mkdir()
+    another.mkdir()
     script = os.path.relpath(REPO / "sweeps" / "arxiv_grid.py", cwd)
     db = cwd / "runs.db"
     args = [*GRID, "--tracking-uri", f"sqlite:///{db}", "--cache-dir", str(cache_dir)]
@@ -149,7 +151,10 @@ def test_the_printed_resume_command_pasted_in_another_folder_completes_the_sweep
     assert match, out
     command = match.group(1)
     interpreter, *typed = shlex.split(command)
-    assert typed == [script, *args, "--resume"]
+    # the script and every path absolute; the storage and results folders the working folder gave, named
+    portable = [*GRID, "--tracking-uri", f"sqlite:///{db}", "--cache-dir", str(Path(cache_dir).resolve())]
+    assert typed == [os.path.normpath(cwd / script), *portable, "--storage-path", str(cwd.resolve() / "ray_results"),
+                     "--out", str(cwd.resolve() / "results"), "--resume"]
 
     from mlflow.tracking import MlflowClient
 
@@ -158,10 +163,11 @@ def test_the_printed_resume_command_pasted_in_another_folder_completes_the_sweep
     (parent,) = client.search_runs([experiment.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
     assert parent.data.tags[R.TAG_COMMAND] == shlex.join([interpreter, script, *args])
 
-    code, out = run_on_a_terminal(command, cwd)
+    code, out = run_on_a_terminal(command, another)
     assert code == 0, out
     assert foreign_lines(out) == [], out
     assert "2 trials, 2 ok, 0 failed" in out
+    assert list(another.iterdir()) == []
     rows = pd.read_csv(cwd / "results" / "cut_results_by_seed.csv")
     assert sorted(rows[R.FUSION]) == ["add", "concat"] and set(rows[R.STATUS]) == {R.STATUS_OK}
 

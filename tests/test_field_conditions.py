@@ -28,7 +28,7 @@ from study_names import EPOCH_METRICS, TIMING_COLUMNS
 GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "8", "--pe-types", "sinusoidal,learned",
         "--fusions", "add,concat", "--seeds", "0", "--max-concurrent", "1", "--num-cpus", "2", "--no-dashboard"]
 TIMING_METRICS = {R.LAT_MS_MEAN, R.LAT_MS_STD, R.TRAIN_TIME_S}
-INTERRUPTED_LINE = re.compile(r"^interrupted: (\d+) of (\d+) trials finished \((\d+) running, (\d+) pending\); "
+INTERRUPTED_LINE = re.compile(r"^interrupted: (\d+) of (\d+) trials? finished \((\d+) running, (\d+) pending\); "
                               r"continue with: (.+)$")
 
 
@@ -119,8 +119,13 @@ def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, c
     assert match, err[-3000:]
     finished, n, running, pending = map(int, match.groups()[:4])
     assert n == 4 and finished >= 1 and finished + running + pending == 4 and running <= 1
-    # the command as it was run (the script by the path given), pasted below as is
-    assert shlex.split(match.group(5))[1:] == [str(REPO / "sweeps" / "arxiv_grid.py"), *args, "--resume"]
+    # the command as it was run, every path absolute (the storage and results folders of the working folder
+    # named), pasted below as is
+    portable = [*GRID, "--name", "cut", "--tracking-uri", f"sqlite:///{cut_db}", "--cache-dir",
+                str(Path(cache_dir).resolve())]
+    assert shlex.split(match.group(5))[1:] == [str(REPO / "sweeps" / "arxiv_grid.py"), *portable, "--storage-path",
+                                               str(tmp_path.resolve() / "ray_results"), "--out",
+                                               str(tmp_path.resolve() / "results"), "--resume"]
     progress = [ln for ln in lines if re.match(r"^\[\d\d:\d\d:\d\d\] \d/4 done", ln)]
     # a trial's end names it by what the grid varies (…; learned add: ok, test 22.0 %); a periodic line names none
     ended = [ln for ln in progress if re.search(r"; (sinusoidal|learned) (add|concat): ", ln)]
@@ -332,37 +337,163 @@ def test_a_trial_process_killed_mid_training_resumes_from_its_checkpoint(local_r
     assert [s for s, _ in _history(client, run, R.TRAIN_LOSS)] == list(range(1, 31))
 
 
+class _Clock:
+    """A clock the test holds: `now` seconds, moved by hand."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _quiet_recorder() -> SimpleNamespace:
+    """What LiveSweep hands its writes to, writing nothing."""
+    return SimpleNamespace(later=lambda *a, **k: None, check_open=lambda: None, trial_run=None, log_epoch=None,
+                           tag_trial=None, finish_trial=None)
+
+
+def _trial(i: int, status: str, **config) -> SimpleNamespace:
+    return SimpleNamespace(trial_id=f"t{i}", status=status, config={"seed": i, **config}, last_result={},
+                           checkpoint=None)
+
+
 def test_progress_line_counts_trials_and_estimates_the_time_left(capsys):
     """The line as each trial ends: done (failed) / running / pending of n, elapsed, time left from the rate of
     this driver's trials (ended ones, and the epochs of running ones), the trial by what the search varies and the
-    study's main metric."""
+    study's main metric. A study whose trials report no epochs (the student's)."""
     from ray.tune.experiment import Trial
 
     from pefusion.sweep.live import LiveSweep
 
-    live = LiveSweep(recorder=SimpleNamespace(later=lambda *a, **k: None), static_params={},
+    clock = _Clock()
+    live = LiveSweep(recorder=_quiet_recorder(), static_params={}, clock=clock,
                      run_name=lambda config: f"s{config['seed']}", varying=("seed",), total=10,
                      shown={R.TEST_ACC: lambda v: f"test {100 * v:.1f} %"})
-    live.started_at = live.first_start = time.time() - 120
-    trials = [SimpleNamespace(trial_id=f"t{i}", status=s, config={"seed": i}, last_result={}, checkpoint=None)
-              for i, s in enumerate([Trial.TERMINATED, Trial.TERMINATED, Trial.RUNNING, Trial.RUNNING,
-                                     Trial.PENDING])]
+    live.started_at = live.first_start = clock.now - 120
+    trials = [_trial(i, s) for i, s in enumerate([Trial.TERMINATED, Trial.TERMINATED, Trial.RUNNING,
+                                                   Trial.RUNNING, Trial.PENDING])]
     live.ended_before, live.ran = set(), {"t0", "t1", "t2", "t3"}
     live.concluded = {"t0": R.STATUS_ERROR}
     live.finished_here = 1
     trials[1].last_result = {R.STATUS: R.STATUS_OK, R.TEST_ACC: 0.8125}
     live.complete(trials[1], trials)
+    assert capsys.readouterr().out == ""  # said once the next trial had time to start (the test below)
+    live.step(trials)
+    clock.now += live.settle_s
+    live.step(trials)
     line = capsys.readouterr().out.strip()
-    # 2 of 10 ended (1 failed) in 120 s: 60 s each, 8 left -> ~8 min
-    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] 2/10 done \(1 failed\), 2 running, 6 pending; 2m0[01]s elapsed, "
-                        r"~8m0[0-9]s left; seed 1: ok, test 81\.2 %", line), line
+    # 2 of 10 ended (1 failed) in 121 s: 60.5 s each, 8 left -> ~8 min
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] 2/10 done \(1 failed\), 2 running, 6 pending; 2m01s elapsed, "
+                        r"~8m04s left; seed 1: ok, test 81\.2 %", line), line
     live.every_s = 0.0
     live.step(trials)
     assert "2/10 done (1 failed), 2 running, 6 pending" in capsys.readouterr().out
-    # Ended trials ran 4 epochs; the running ones 2 each: 2 + 2 * 2/4 = 3 trials' work in 120 s, 7 left -> 280 s
+    # Ended trials ran 4 epochs; the running ones 2 each: 2 + 2 * 2/4 = 3 trials' work in 121 s, 7 left -> 282 s
     live.epochs = {"t0": 4, "t1": 4, "t2": 2, "t3": 2}
     live.step(trials)
-    assert re.search(r"2 running, 6 pending; 2m0[01]s elapsed, ~4m[34][0-9]s left$", capsys.readouterr().out.strip())
+    assert re.search(r"2 running, 6 pending; 2m01s elapsed, ~4m42s left$", capsys.readouterr().out.strip())
     live.progress = False
     live.step(trials)
     assert capsys.readouterr().out == ""
+
+
+def test_a_trial_that_ends_is_said_with_the_trial_that_took_its_place_running(capsys):
+    """Two trials at once: as one ends, Tune starts the next in its place, and the line says 2 running, not 1
+    (it was printed as the trial ended, before its successor started)."""
+    from ray.tune.experiment import Trial
+
+    from pefusion.sweep.live import LiveSweep
+
+    clock = _Clock()
+    live = LiveSweep(recorder=_quiet_recorder(), static_params={}, clock=clock,
+                     run_name=lambda config: f"s{config['seed']}", varying=("seed",), total=3)
+    trials = [_trial(i, s) for i, s in enumerate([Trial.RUNNING, Trial.RUNNING, Trial.PENDING])]
+    live.first_step(trials)
+    live.start(trials[0], trials)
+    live.start(trials[1], trials)
+    clock.now += 10
+    trials[0].last_result = {R.STATUS: R.STATUS_OK}
+    live.complete(trials[0], trials)
+    clock.now += 0.01
+    live.start(trials[2], trials)  # Tune calls back before it marks the new trial RUNNING
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] 1/3 done \(0 failed\), 2 running, 0 pending; 10s elapsed, "
+                        r"~20s left; seed 0: ok", capsys.readouterr().out.strip())
+    trials[0].status = Trial.TERMINATED
+    # the last trials: nothing starts after them, and the line comes `settle_s` later, or at the sweep's end
+    trials[1].last_result = {R.STATUS: R.STATUS_OK}
+    live.complete(trials[1], trials)
+    trials[1].status = Trial.TERMINATED
+    clock.now += live.settle_s
+    live.step(trials)
+    assert "2/3 done (0 failed), 1 running, 0 pending" in capsys.readouterr().out
+    trials[2].last_result = {R.STATUS: R.STATUS_OK}
+    live.complete(trials[2], trials)
+    live.end(trials)
+    assert "3/3 done (0 failed), 0 running, 0 pending" in capsys.readouterr().out
+
+
+def test_the_time_left_counts_epochs_from_the_first_one(capsys):
+    """Issue 30: three trials of 20 planned epochs, 10 s an epoch, none ended: at epoch 4 the line gives the time
+    left of 16 more epochs (within 10 %), an upper bound since early stopping may end them sooner, and the epochs
+    the running trials have done of those planned. Once one ends early, at epoch 6, a trial's length is what it ran
+    (the measured epochs), no longer the plan."""
+    from ray.tune.experiment import Trial
+
+    from pefusion.sweep.live import LiveSweep
+
+    clock, epoch_s, planned = _Clock(), 10.0, 20
+    live = LiveSweep(recorder=_quiet_recorder(), static_params={}, clock=clock, every_s=4 * epoch_s,
+                     run_name=lambda config: f"s{config['seed']}", varying=("seed",), total=3,
+                     planned_epochs=lambda config: config["max_epochs"],
+                     may_end_early=lambda config: config["early_stopping"])
+    trials = [_trial(i, Trial.RUNNING, max_epochs=planned, early_stopping=True) for i in range(3)]
+    live.first_step(trials)
+    for trial in trials:
+        live.start(trial, trials)
+    assert live.time_left(trials, 3, set(), trials) == "time left known after the first epoch"
+    for epoch in range(1, 5):
+        clock.now += epoch_s
+        for trial in trials:
+            live.result(trial, {R.EPOCH: epoch, R.VAL_ACC: 0.5})
+        live.step(trials)
+    line = capsys.readouterr().out.strip()
+    match = re.fullmatch(r"\[\d\d:\d\d:\d\d\] 0/3 done \(0 failed\), 3 running \(12/60 epochs\), 0 pending; "
+                         r"40s elapsed, ~(\d+)m(\d\d)s left at most \(trials may stop early\)", line)
+    assert match, line
+    arithmetic = (planned - 4) * epoch_s  # every trial has 16 epochs of 10 s left, the three at once
+    assert int(match[1]) * 60 + int(match[2]) == pytest.approx(arithmetic, rel=0.1)
+
+    for epoch in (5, 6):  # t0 stops early after its 6th epoch (ok: its own stopping rule)
+        clock.now += epoch_s
+        for trial in trials:
+            live.result(trial, {R.EPOCH: epoch, R.VAL_ACC: 0.5})
+    trials[0].last_result = {R.STATUS: R.STATUS_OK, R.EPOCHS_RUN: 6}
+    live.complete(trials[0], trials)
+    trials[0].status = Trial.TERMINATED
+    clock.now += live.settle_s
+    live.step(trials)
+    line = capsys.readouterr().out.strip()
+    match = re.search(r"1/3 done \(0 failed\), 2 running \(12/40 epochs\), 0 pending; 1m01s elapsed, "
+                      r"~(\d+)s left; seed 0: ok$", line)
+    assert match, line
+    # t1 and t2 are as long as t0 was: each has 1 epoch left (at least one past the 6 done), 18 epochs in 61 s
+    assert int(match[1]) == round(2 / (18 / 61))
+
+
+def test_a_study_without_epochs_keeps_its_line(capsys):
+    """The student's trials report no epochs: no epoch counts in the line, the time left after the first trial."""
+    from ray.tune.experiment import Trial
+
+    from pefusion.sweep.live import LiveSweep
+
+    clock = _Clock()
+    live = LiveSweep(recorder=_quiet_recorder(), static_params={}, clock=clock, run_name=lambda config: "p",
+                     total=2)
+    trials = [_trial(i, Trial.RUNNING) for i in range(2)]
+    live.first_step(trials)
+    live.start(trials[0], trials)
+    clock.now += 40
+    live.step(trials)
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] 0/2 done \(0 failed\), 1 running, 1 pending; 40s elapsed, "
+                        r"time left known after the first trial", capsys.readouterr().out.strip())

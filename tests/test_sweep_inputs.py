@@ -11,13 +11,19 @@ from pefusion.errors import ConfigError
 
 
 BAD_INPUTS = [
-    (["--pe-types", "sinusoidal,fourier"], "'fourier' is not allowed"),
-    (["--fusions", "gated"], "'gated' is not allowed"),
+    # the flag the user typed, not the search-space file it narrows (issue 30)
+    (["--pe-types", "sinusoidal,fourier"], "--pe-types sinusoidal,fourier: pe_type: 'fourier' is not allowed"),
+    (["--fusions", "gated"], "--fusions gated: fusion: 'gated' is not allowed"),
     (["--pe-types", "rotary", "--fusions", "add"], "fusion='none'"),
     (["--data-dir", "/nonexistent/data"], "--data-dir /nonexistent/data is not a directory"),
     (["--tracking-uri", "http://127.0.0.1:9"], "unreachable"),
     (["--cpus-per-trial", "0"], "--cpus-per-trial"),
     (["--gpus-per-trial", "lots"], "--gpus-per-trial 'lots': give a number of GPUs per trial"),
+    # where --resume looked, and how to point it elsewhere (issue 30)
+    (["--resume"], "(--storage-path's default: ./ray_results of the folder the command runs in); pass the "
+                   "--storage-path and --name the sweep ran with"),
+    (["--resume", "--storage-path", "/nonexistent/rr", "--name", "x"],
+     "--resume: no experiment x in /nonexistent/rr; pass the --storage-path and --name"),
 ]
 
 

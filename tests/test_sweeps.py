@@ -562,7 +562,7 @@ def test_lr_batch_asha_default_random_search_samples_lr_batch_yaml(local_ray, in
     trained = sum(len(e) for e in epochs.values())
     n_stopped = sum(c.data.tags[R.TAG_STATUS] == R.STATUS_STOPPED for c in children)
     assert (f"epochs trained: {trained} of {n * max_t} without early stopping ({100 * trained / (n * max_t):.1f}%); "
-            f"{n_stopped} trials stopped by ASHA, 0 failed") in out
+            f"{n_stopped} trial{'' if n_stopped == 1 else 's'} stopped by ASHA, 0 failed") in out
     # What the search report reads: who spent the budget, and the budget as the parent run logged it.
     assert parent.data.tags[R.TAG_SCHEDULER] == "asha"
     assert (parent.data.metrics[R.EPOCHS_TRAINED], parent.data.metrics[R.EPOCHS_FULL_BUDGET]) == (trained, n * max_t)

@@ -299,7 +299,7 @@ def test_byte_order_mark_and_crlf_line_ends_are_read_cleanly(tmp_path, ext):
         with open(data / "train.csv", "ab") as f:
             f.write(b'"two\r\nlines",neg\r\n')
         extra = [("two\nlines", "neg")]
-    raw, _ = readers.read_source(cfg_for(tmp_path, data))
+    raw, _ = cfg_for(tmp_path, data).source.read()
     # The BOM did not stick to the first column's name, nor CR to any text or label.
     assert list(zip(raw["train"].texts, raw["train"].labels)) == [r for r in TRAIN if r[0].strip()] + extra
     assert not any("\r" in str(v) for r in raw.values() for v in r.texts + r.labels)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
+import time
+import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -131,3 +135,100 @@ def test_a_trial_whose_writes_were_all_lost_is_written_from_what_ray_stored(reco
     assert run.info.status == "FINISHED" and run.data.metrics[R.TEST_ACC] == 0.75
     history = recorder.client.get_metric_history(run.info.run_id, R.TRAIN_LOSS)
     assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.5)]
+
+
+# --- what the machine did: MLflow's system metrics on the parent run (issue 30) ------------------------------
+
+
+def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def _wait_for(what: str, cond, timeout: float = 60.0) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _mem_total_mb() -> float:
+    """This machine's memory, read from /proc/meminfo (not through psutil, which MLflow's monitor uses)."""
+    line = next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal:"))
+    return int(line.split()[1]) * 1024 / 1e6
+
+
+def test_the_parent_run_gets_cpu_and_ram_system_metrics_and_a_resume_goes_on(tmp_path, monkeypatch, capsys):
+    """MLflow's own monitor samples the machine onto the sweep's parent run while it is open: CPU and RAM on a
+    machine without nvidia-ml-py (psutil is Ray's copy, importable in every driver since it imports Ray), no GPU
+    series and no line about them. Stopped with the interrupted sweep, it starts again on the parent the resumed
+    sweep reopens, one sample per step, on from the last."""
+    import ray  # noqa: F401  (what puts Ray's psutil on the path, as in a driver)
+
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    uri, path = f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "sweep")
+    client = MlflowClient(uri)
+    first = SweepRecorder(uri, "pe-fusion", "arxiv_grid", path, system_metrics=True, announce=True)
+    run_id = first.parent_run_id
+    _wait_for("two samples", lambda: len(_history(client, run_id, R.SYSTEM_CPU)) >= 2)
+    first.interrupt_sweep()
+    before = len(_history(client, run_id, R.SYSTEM_CPU))
+    resumed = SweepRecorder(uri, "pe-fusion", "arxiv_grid", path, system_metrics=True)
+    assert resumed.parent_run_id == run_id
+    _wait_for("two more samples", lambda: len(_history(client, run_id, R.SYSTEM_CPU)) >= before + 2)
+    resumed.finish_sweep({"n_trials": 0})
+    stopped = {key: _history(client, run_id, key) for key in (R.SYSTEM_CPU, R.SYSTEM_RAM_MB, R.SYSTEM_RAM_PCT)}
+    time.sleep(0.6)
+    assert {key: _history(client, run_id, key) for key in stopped} == stopped  # nothing after the run ended
+
+    cpu, ram_mb, ram_pct = stopped.values()
+    steps = [step for step, _ in cpu]
+    assert steps == list(range(len(steps))) and len(steps) >= before + 2  # each step once, across the resume
+    assert [s for s, _ in ram_mb] == steps == [s for s, _ in ram_pct]
+    assert all(0 <= value <= 100 for _, value in cpu)
+    total = _mem_total_mb()
+    for (_, mb), (_, pct) in zip(ram_mb, ram_pct):
+        assert 0 < mb < total and pct == pytest.approx(100 * mb / total, abs=0.2)
+    metrics = client.get_run(run_id).data.metrics
+    assert not [key for key in metrics if key.startswith(R.SYSTEM_PREFIX + "gpu")]
+    assert "system metrics" not in capsys.readouterr().out
+
+
+def _fake_nvml(util: list[int], used_gb: list[float]) -> types.ModuleType:
+    """The calls of nvidia-ml-py's `pynvml` that MLflow's GPU monitor makes, for len(util) devices of 80 GB."""
+    nvml = types.ModuleType("pynvml")
+    nvml.NVMLError = type("NVMLError", (Exception,), {})
+    nvml.nvmlInit = lambda: None
+    nvml.nvmlDeviceGetCount = lambda: len(util)
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: i
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(used=used_gb[h] * 1e9, total=80e9)
+    nvml.nvmlDeviceGetUtilizationRates = lambda h: SimpleNamespace(gpu=util[h])
+    nvml.nvmlDeviceGetPowerUsage = lambda h: 300_000
+    nvml.nvmlDeviceGetEnforcedPowerLimit = lambda h: 700_000
+    return nvml
+
+
+def test_the_parent_run_gets_gpu_system_metrics_where_nvidia_ml_py_is_importable(tmp_path, monkeypatch, capsys):
+    """With nvidia-ml-py (here a stand-in for two devices, as no GPU is here), each GPU's utilisation and memory
+    join CPU and RAM on the parent run, and one line says what the utilisation is."""
+    import ray  # noqa: F401
+    from mlflow.system_metrics.metrics import gpu_monitor
+
+    nvml = _fake_nvml(util=[73, 5], used_gb=[40.0, 2.5])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(gpu_monitor, "pynvml", nvml, raising=False)  # bound when MLflow's module was imported
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    recorder = SweepRecorder(uri, "pe-fusion", "arxiv_grid", str(tmp_path / "sweep"), system_metrics=True,
+                             announce=True)
+    run_id = recorder.parent_run_id
+    busy = [R.system_gpu(i, R.GPU_UTILISATION) for i in (0, 1)]
+    _wait_for("two samples", lambda: len(_history(client, run_id, busy[1])) >= 2)
+    recorder.finish_sweep({"n_trials": 0})
+    assert {v for _, v in _history(client, run_id, busy[0])} == {73.0}
+    assert {v for _, v in _history(client, run_id, busy[1])} == {5.0}
+    assert {v for _, v in _history(client, run_id, R.system_gpu(0, R.GPU_MEMORY_MB))} == {40_000.0}
+    assert {v for _, v in _history(client, run_id, R.system_gpu(1, R.GPU_MEMORY_MB))} == {2_500.0}
+    assert _history(client, run_id, R.SYSTEM_CPU)
+    out = capsys.readouterr().out
+    assert f"MLflow system metrics: 2 GPU(s) on the parent run every 0.2 s; {R.GPU_BUSY_LABEL}\n" in out

@@ -277,8 +277,9 @@ def test_a_tracking_server_away_mid_sweep_costs_no_metric(tmp_path, cache_dir, o
         client = MlflowClient(uri)
         t = {"start": time.time()}
         with open(out_path, "w") as out, open(err_path, "w") as err:
-            driver = subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(), stdout=out, stderr=err,
-                                      start_new_session=True)
+            # the parent's system metrics (MLflow's monitor, its own writer) sampled every second, not every 10 s
+            env = subprocess_env(MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL="1")
+            driver = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=err, start_new_session=True)
         try:
             # the first trial's child run is FINISHED on the server: stop the server, its whole process group
             t["first_recorded"] = _wait("the first trial's run", lambda: _finished_children(client) >= 1, 600, driver)
@@ -384,5 +385,16 @@ def test_a_tracking_server_away_mid_sweep_costs_no_metric(tmp_path, cache_dir, o
                                        dst_path=str(tmp_path / "dl" / run_id))
             assert "head.weight" in torch.load(model, weights_only=True)
         assert not (tmp_path / "mlartifacts").exists()  # artifacts went to the server, not the working directory
+
+        # What the machine did, on the parent run: sampled before the outage, each step once, and again once the
+        # server was back (its monitor, which ends in an outage, started anew) when the sweep trained on after it.
+        cpu = client.get_metric_history(parent.info.run_id, R.SYSTEM_CPU)
+        steps = sorted(m.step for m in cpu)
+        after = [m for m in cpu if m.timestamp > t["back_line"] * 1000]
+        _say(f"system metrics: {len(cpu)} samples, {len(after)} after the 'back' line, "
+             f"which came {t['exited'] - t['back_line']:.0f} s before the driver exited")
+        assert steps == list(range(len(steps))) and any(m.timestamp < t["stopped"] * 1000 for m in cpu), steps
+        if t["exited"] - t["back_line"] > 5:
+            assert after, [(m.step, m.timestamp) for m in cpu]
     finally:
         _stop_server(server, port)

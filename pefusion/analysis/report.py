@@ -9,9 +9,10 @@ from __future__ import annotations
 import base64
 import html
 import re
+import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -259,8 +260,16 @@ def _pefusion_sections(trials: pd.DataFrame, out: Path, baseline: str) -> tuple[
 
 
 def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None, alpha_l: Curve | None,
-                      theory: Solver | None) -> tuple[list[str], list[Path]]:
+                      theory: Solver | None, say: Callable[[str], None]) -> tuple[list[str], list[Path]]:
+    if theory is not None:  # solving it takes minutes the first time: the user is told, then how long it took
+        cache = out / CACHE_POINTS
+        say(f"report: the d → ∞ theory from {cache}, solving the points not in it yet" if cache.exists() else
+            f"report: solving the d → ∞ theory at every point (minutes; cached in {cache}, so the next report of "
+            f"these points takes seconds)")
+    started = time.perf_counter()
     student, alpha_c_theory = student_with_theory(trials, out, theory)  # the theory computed (or read) once
+    if theory is not None:
+        say(f"report: the d → ∞ theory ready in {time.perf_counter() - started:.0f} s")
     written = _student_tables(student, alpha_c_theory, out, alpha_c)
     figures = F.student_figures(student, out / "figures", alpha_c, alpha_l, alpha_c_theory)
     delta_summary = ST.student_delta_summary(ST.student_deltas(student))
@@ -398,17 +407,18 @@ def report_path(sweep: RU.Sweep, out: str | Path) -> Path:
 
 def build_report(sweep: RU.Sweep, out: str | Path = "results", baseline: str = "add",
                  alpha_c: Curve | None = None, alpha_l: Curve | None = None,
-                 log_to_mlflow: bool = True, theory: Solver | None = Solver()) -> tuple[Path, list[Path]]:
+                 log_to_mlflow: bool = True, theory: Solver | None = Solver(),
+                 say: Callable[[str], None] = lambda line: None) -> tuple[Path, list[Path]]:
     """Write the sweep's CSVs, figures and HTML page; log them to the parent run under results/ (when there is
     one and `log_to_mlflow`). A student sweep's report has the d → ∞ theory beside its points (`theory`: how it
-    is solved; None: none), cached under `out` and logged with the tables. Returns (HTML path, other files
-    written)."""
+    is solved; None: none), cached under `out` and logged with the tables; `say` is told what takes long, as it
+    starts and how long it took. Returns (HTML path, other files written)."""
     out = Path(out)
     kind = report_kind(sweep)
     if kind == "pefusion":
         parts, written = _pefusion_sections(sweep.trials, out, baseline)
     elif kind == "student":
-        parts, written = _student_sections(sweep.trials, out, alpha_c, alpha_l, theory)
+        parts, written = _student_sections(sweep.trials, out, alpha_c, alpha_l, theory, say)
     else:
         parts, written = _search_sections(sweep, out)
     remarks = notes(sweep)

@@ -124,7 +124,8 @@ def report_main(argv: Sequence[str] | None = None) -> int:
 
     sweep = load_sweep_from_args(args, latest_sweep=not args.all_runs)
     alpha_c, alpha_l = published_alpha_curves()
-    page, written = build_report(sweep, args.out, args.baseline, alpha_c, alpha_l, log_to_mlflow=not args.no_log)
+    page, written = build_report(sweep, args.out, args.baseline, alpha_c, alpha_l, log_to_mlflow=not args.no_log,
+                                 say=lambda line: print(line, flush=True))
     for path in written:
         print(f"wrote {path}")
     print(f"report: {page}")

@@ -212,14 +212,18 @@ def search_space_path(args: argparse.Namespace) -> str:
 def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | None = None):
     """The `SweepOptions` of the common flags, checked (a bad value ends in one line; imports no Ray).
 
-    The command recorded on the MLflow parent run and printed to resume an interrupted sweep is the one this
-    process ran; `argv` given (a main called in-process) is the sweep's installed command with `argv`.
+    The command recorded on the MLflow parent run is the one this process ran, and the one printed to resume an
+    interrupted sweep the same from any folder (`portable_args`); `argv` given (a main called in-process), the
+    sweep's installed command with `argv`.
     """
     from pefusion import record as R
     from pefusion.sweep.tracking import command_line
     from pefusion.sweep.options import SweepOptions
 
-    command = command_line() if argv is None else command_line(argv, program=ENTRY_POINTS[sweep])
+    program = "" if argv is None else ENTRY_POINTS[sweep]
+    given = list(sys.argv[1:] if argv is None else argv)
+    command = command_line(given, program=program)
+    portable = command_line(portable_args(args, given), program=program, absolute=True)
 
     return SweepOptions(
         sweep=sweep, experiment=args.experiment, name=args.name, storage_path=args.storage_path,
@@ -227,5 +231,35 @@ def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | No
         num_cpus=args.num_cpus, num_gpus=args.num_gpus, max_concurrent=args.max_concurrent, resume=args.resume,
         tracking_uri=args.tracking_uri, dashboard=not args.no_dashboard, verbose=args.verbose,
         progress=not args.quiet, max_failures=args.max_failures, autoscaling=args.autoscaling,
-        stack=getattr(args, "stack_seeds", None), command=command,
+        stack=getattr(args, "stack_seeds", None), command=command, portable_command=portable,
         tags={R.TAG_SEARCH_SPACE: search_space_path(args), "pefusion.preset": getattr(args, "preset", "")})
+
+
+def portable_args(args: argparse.Namespace, argv: Sequence[str]) -> list[str]:
+    """`argv` as it runs from any folder: each flag whose value is a path or a store that a relative value, or
+    the default, finds in the working folder given by its absolute value (the storage path, the tracking store and
+    the output folder even when not typed, since their defaults are the working folder's), in place where typed,
+    else at the end (where it wins over an abbreviation argparse took)."""
+    from pefusion.sweep.tracking import resolve_tracking_uri
+
+    def absolute(path: str | None) -> str | None:
+        return None if path is None or "://" in path else str(Path(path).expanduser().resolve())
+
+    storage = args.storage_path
+    values = {"--storage-path": storage if "://" in storage else absolute(storage),
+              "--tracking-uri": resolve_tracking_uri(args.tracking_uri), "--out": absolute(args.out),
+              **{flag: absolute(getattr(args, flag[2:].replace("-", "_"), None))
+                 for flag in ("--search-space", "--data-dir", "--cache-dir")}}
+    out = list(argv)
+    for flag, value in values.items():
+        if value is None:
+            continue
+        typed = False
+        for i, token in enumerate(out):
+            if token == flag and i + 1 < len(out):
+                out[i + 1], typed = value, True
+            elif token.startswith(flag + "="):
+                out[i], typed = f"{flag}={value}", True
+        if not typed:
+            out += [flag, value]
+    return out

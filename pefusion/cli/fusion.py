@@ -18,6 +18,7 @@ from pefusion.data.corpus import load_corpus
 from pefusion.errors import ConfigError
 from pefusion.fusion.config import (PRESETS, RULES, Preset, check_pe_fusion_pairs, flat_config, smoke_budget,
                                     trial_data)
+from pefusion.sweep.console import counted
 from pefusion.sweep.space import (Choice, Constant, Grid, SearchSpace, SearchSpaceError, grid_size,
                                   load_search_space)
 
@@ -85,9 +86,10 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         c = next(iter(corpora.values()))
         vocab = (f"vocabulary {c.vocab_size}" if len(corpora) == 1 else "vocabularies "
                  + ", ".join(f"{v.vocab_size} ({key})" for key, v in corpora.items()))
-        return (f"{grid_size(space)} trials on {c.name}: {len(c.train)} train / {len(c.validation)} validation / "
+        return (f"{counted(n_trials, 'trial')} on {c.name}: {len(c.train)} train / {len(c.validation)} validation / "
                 f"{len(c.test)} test documents, {vocab}") if describe else ""
 
+    n_trials = grid_size(space) * search.get("num_samples", 1)  # a search samples num_samples per grid point
     dataset = preset.data.source_name
     return StudySweep(
         sweep=sweep, preset=preset_name, experiment=R.PEFUSION_EXPERIMENT, space=space,
@@ -100,6 +102,8 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         sort_keys=(R.PE_TYPE, R.FUSION, R.SEED, "lr", "batch_size"), run_name=trial_run_name,
         shown={R.TEST_ACC: lambda v: f"test {100 * v:.1f} %", R.VAL_ACC: lambda v: f"val {100 * v:.1f} %"},
         labels={"batch_size": "batch"}, best_metric=R.BEST_VAL_ACC, describe=line,
+        planned_epochs=lambda config: int(config.get("max_epochs", preset.train.max_epochs)),
+        may_end_early=lambda config: bool(config.get("early_stopping", preset.train.early_stopping)),
         results_file="results_by_seed", tables=lambda rows: {"results_aggregated": aggregate_rows(rows)},
         gpu_probe=functools.partial(largest_trial_peak, base=preset),
         resolved_keys=(R.DEVICE, R.PRECISION, R.PAD_MULTIPLE),
@@ -123,10 +127,10 @@ def corpus_settings(space: SearchSpace, preset: Preset) -> dict[str, DataConfig]
 
 def _load_space(args: argparse.Namespace, preset: Preset) -> SearchSpace:
     space = load_search_space(search_space_path(args), RULES)
-    for key, values in ((R.PE_TYPE, getattr(args, "pe_types", None)), (R.FUSION, getattr(args, "fusions", None)),
-                        (R.SEED, getattr(args, "seeds", None))):
+    for key, flag in ((R.PE_TYPE, "--pe-types"), (R.FUSION, "--fusions"), (R.SEED, "--seeds")):
+        values = getattr(args, flag[2:].replace("-", "_"), None)
         if values:
-            space = space.override_values(key, values)
+            space = space.override_values(key, values, flag)
     check_pe_fusion_pairs(space, preset.model)
     return space
 
@@ -147,7 +151,7 @@ def run_arxiv_grid(args: argparse.Namespace, argv: Sequence[str] | None = None) 
 def run_lr_batch_asha(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     """A learning-rate × batch-size search under a scheduler (ASHA by default) with a search algorithm (random by
     default), both by name (`pefusion.sweep.search`)."""
-    from pefusion.sweep.search import Objective, build, check
+    from pefusion.sweep.search import EARLY_STOPPING, Objective, build, check
 
     preset = resolve_preset(args)
     if args.max_t is not None and args.max_t < 1:
@@ -166,9 +170,11 @@ def run_lr_batch_asha(args: argparse.Namespace, argv: Sequence[str] | None = Non
 
     from pefusion.analysis.search import budget_summary
 
-    study = pefusion_study("lr_batch_asha", args.preset, preset, space, args.cpus_per_trial,
+    study = pefusion_study("lr_batch_asha", args.preset, preset, space, args.cpus_per_trial, describe=True,
                            **build(plan, objective, space))
-    study = dataclasses.replace(study, parent_metrics=lambda rows: budget_summary(rows, max_t))
+    stops, early_stopping = args.scheduler in EARLY_STOPPING, study.may_end_early  # ASHA, HyperBand stop trials
+    study = dataclasses.replace(study, parent_metrics=lambda rows: budget_summary(rows, max_t),
+                                may_end_early=lambda config: stops or early_stopping(config))
     options = sweep_options(args, "lr_batch_asha", argv)
     options.tags[R.TAG_SCHEDULER] = args.scheduler  # the report names who spent the epoch budget
     from pefusion.sweep.driver import run_sweep
@@ -184,8 +190,8 @@ def run_lr_batch_asha(args: argparse.Namespace, argv: Sequence[str] | None = Non
               + f"  ({R.VAL_ACC}={best[R.VAL_ACC]:.4f}, {int(best[R.EPOCHS_RUN])} epochs)")
     stopper = "HyperBand" if args.scheduler == "hyperband" else "ASHA"  # fifo and pbt stop none: the line stays
     print(f"epochs trained: {summary[R.EPOCHS_TRAINED]:.0f} of {summary[R.EPOCHS_FULL_BUDGET]:.0f} without early "
-          f"stopping ({100 * summary[R.BUDGET_FRACTION]:.1f}%); {summary[R.N_STOPPED]:.0f} trials stopped by "
-          f"{stopper}, {summary['n_failed']:.0f} failed")
+          f"stopping ({100 * summary[R.BUDGET_FRACTION]:.1f}%); {counted(int(summary[R.N_STOPPED]), 'trial')} "
+          f"stopped by {stopper}, {summary['n_failed']:.0f} failed")
     print(f"results: {', '.join(map(str, result.paths))}\nRay experiment: {result.experiment_path}")
     return 0
 
@@ -224,7 +230,7 @@ def summary_table(rows: pd.DataFrame) -> str:
     lines = []
     if (frame[R.STATUS] == R.STATUS_OK).any():
         lines.append(table1_display(table1(frame)).to_string(index=False))
-    lines.append(f"{len(rows)} trials, {len(rows) - n_failed} ok, {n_failed} failed")
+    lines.append(f"{counted(len(rows), 'trial')}, {len(rows) - n_failed} ok, {n_failed} failed")
     for _, r in rows[~rows[R.STATUS].isin(R.SUCCESS_STATUSES)].iterrows():
         lines.append(f"  failed: {trial_run_name(r.to_dict())} [{r[R.STATUS]}] {r.get(R.ERROR, '')}")
     return "\n".join(lines)

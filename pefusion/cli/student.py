@@ -13,6 +13,7 @@ from pefusion.cli.flags import (add_preset_flag, add_search_flags, add_sweep_fla
                                 search_space_path, sweep_options)
 from pefusion.errors import ConfigError
 from pefusion.student.config import CV_KEYS, RULES, STUDENT_PRESETS, StudentPreset, point_config, smoke_student
+from pefusion.sweep.console import counted
 from pefusion.sweep.search import Objective, build, check
 from pefusion.sweep.space import (Choice, Constant, Grid, LogUniform, SearchSpace, SearchSpaceError, grid_size,
                                   load_search_space, parse_search_space)
@@ -51,7 +52,7 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, argv: Sequence[str] 
     for (flag, *_), key in zip(NARROWING, (R.ALPHA, R.OMEGA, R.SEED, R.INIT)):
         values = getattr(args, flag.lstrip("-"))
         if values:
-            space = space.override_values(key, values)
+            space = space.override_values(key, values, flag)
     if args.smoke:  # the smoke budget wins over the space file's CV settings too
         for key in CV_KEYS:
             if key in space:
@@ -72,7 +73,7 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, argv: Sequence[str] 
     rows = result.rows
     n_failed = int((rows[R.STATUS] != R.STATUS_OK).sum())
     print(student_summary(rows))
-    print(f"{len(rows)} trials, {len(rows) - n_failed} ok, {n_failed} failed\nresults: {result.paths[0]}\n"
+    print(f"{counted(len(rows), 'trial')}, {len(rows) - n_failed} ok, {n_failed} failed\nresults: {result.paths[0]}\n"
           f"Ray experiment: {result.experiment_path}")
     return 0
 
@@ -93,7 +94,7 @@ def student_study(sweep: str, preset_name: str, preset: StudentPreset, space: Se
         check_point=lambda point: point_config(point, preset), static_params={**preset.point, **preset.cv},
         identity=preset.point, sort_keys=(R.OMEGA, R.ALPHA, R.INIT, R.SEED), run_name=student_run_name,
         shown={shown: lambda v: f"{shown} {v:.4g}"},
-        describe=lambda shipped: f"{grid_size(space)} points ({sweep}, preset {preset_name})")
+        describe=lambda shipped: f"{counted(grid_size(space), 'point')} ({sweep}, preset {preset_name})")
 
 
 def lambda_search_space(space: SearchSpace, preset: StudentPreset, search: str) -> SearchSpace:
@@ -148,7 +149,7 @@ def run_lambda_search(args: argparse.Namespace, preset: StudentPreset, space: Se
         static_params={**preset.point, "folds": preset.cv["folds"]}, identity=preset.point, sort_keys=(R.LAMBDA,),
         run_name=lambda cfg: f"{student_run_name(cfg)}-lam{cfg[R.LAMBDA]:.3g}",
         shown={R.CV_ERROR_MEAN: lambda v: f"cv error {v:.4g}"},
-        describe=lambda shipped: f"{plan.num_samples} lambdas ({args.search} search, preset {args.preset})",
+        describe=lambda shipped: f"{counted(plan.num_samples, 'lambda')} ({args.search} search, preset {args.preset})",
         tables=lambda rows: {"lambda_star": best(rows)},
         parent_metrics=lambda rows: {k: float(best(rows)[k].iloc[0]) for k in (R.LAMBDA_STAR, R.CV_ERROR_MEAN)
                                      if len(best(rows))},
@@ -161,7 +162,7 @@ def run_lambda_search(args: argparse.Namespace, preset: StudentPreset, space: Se
     if len(top):
         t = top.iloc[0]
         print(f"lambda* = {t[R.LAMBDA_STAR]:.4g} (cv_error_mean {t[R.CV_ERROR_MEAN]:.4g}, the best of "
-              f"{len(rows)} trials); refit there: eps_g {t[R.EPS_G]:.4g}, eps_t {t[R.EPS_T]:.4g}")
+              f"{counted(len(rows), 'trial')}); refit there: eps_g {t[R.EPS_G]:.4g}, eps_t {t[R.EPS_T]:.4g}")
     print(f"results: {', '.join(map(str, result.paths))}\nRay experiment: {result.experiment_path}")
     return 0
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pefusion.data.sources import Source, source_of
+from pefusion.data.sources import HubDataset, LocalFolder, Source, SyntheticCorpus
 from pefusion.data.synthetic import TASKS as SYNTHETIC_TASKS
 from pefusion.errors import ConfigError, check_choice, check_positive
 
@@ -63,10 +63,21 @@ class DataConfig:
 
     @property
     def source(self) -> Source:
-        """Where the documents come from, as `sources.source_of` picks it from the fields above."""
+        """Where the documents come from, as `source_of` picks it from the fields above."""
         return source_of(self)
 
     @property
     def source_name(self) -> str:
         """Short dataset name recorded with every trial (the `dataset` param)."""
         return self.source.name
+
+
+def source_of(cfg: DataConfig) -> Source:
+    """The source `cfg` names (`pefusion.data.sources`): `synthetic=True`, else `data_dir`, else the Hugging Face
+    dataset `dataset`."""
+    if cfg.synthetic:
+        return SyntheticCorpus(cfg.synthetic_task, (cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_test),
+                               cfg.synthetic_seed)
+    if cfg.data_dir:
+        return LocalFolder(cfg.data_dir, cfg.text_column, cfg.label_column)
+    return HubDataset(cfg.dataset, cfg.dataset_config, cfg.text_column, cfg.label_column)

@@ -27,14 +27,11 @@ import urllib.parse
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence, TextIO
+from typing import Any, Iterator, Sequence, TextIO
 
 import numpy as np
 
 from pefusion.errors import ConfigError
-
-if TYPE_CHECKING:
-    from pefusion.data.config import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -348,12 +345,6 @@ def arrow_values(column: Any, origin: str, name: str) -> list:
                 raise DataError(f"{origin}: record {row + 1} has a {name!r} that is not valid UTF-8 "
                                 f"(...{near!r}...); re-save the dataset's data files as UTF-8") from None
         raise
-
-
-def read_source(cfg: DataConfig) -> tuple[dict[str, RawSplit], tuple[str, ...] | None]:
-    """The raw splits of the source `cfg` names (`DataConfig.source`), plus the class names when the source has
-    them (a hub ClassLabel column)."""
-    return cfg.source.read()
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
-"""Where documents come from: one small class per kind of source, and `source_of`, which picks a DataConfig's.
+"""Where documents come from: one small class per kind of source (`pefusion.data.config.source_of` picks a
+DataConfig's).
 
 A source answers three questions (`Source`): its documents (`read`: texts and labels per split, and the class
 names when it has them), what those documents depend on (`identity`: the source's part of the token cache's key,
 so an edited file or a changed setting finds no entry instead of a stale one), and a short `name` recorded with
 every trial (the `dataset` param). Everything after reading (labels to ids, tokenising, caching) is the same for
 every source (`corpus.load_corpus`), so a new kind of source is one new class here; `load_corpus(cfg, source)`
-reads any `Source`, and `source_of` is the one place a DataConfig field would pick it.
+reads any `Source`, and `config.source_of` is the one place a DataConfig field would pick it. This module knows
+no DataConfig: the config imports its sources, never the other way round.
 """
 from __future__ import annotations
 
@@ -14,15 +16,12 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pefusion.data import readers
 from pefusion.data import synthetic as synthetic_corpus
 from pefusion.data.readers import (HUB_VALIDATION_FRACTION, SPLIT_ALIASES, SUPPLY_HINT, DataError, RawSplit,
                                    clean_split, find_split_files, read_data_file)
-
-if TYPE_CHECKING:
-    from pefusion.data.config import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -166,12 +165,3 @@ class HubDataset(Source):
         label_names = tuple(feature.names) if isinstance(feature, datasets.ClassLabel) else None
         return raw, label_names
 
-
-def source_of(cfg: DataConfig) -> Source:
-    """The source `cfg` names: `synthetic=True`, else `data_dir`, else the Hugging Face dataset `dataset`."""
-    if cfg.synthetic:
-        return SyntheticCorpus(cfg.synthetic_task, (cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_test),
-                               cfg.synthetic_seed)
-    if cfg.data_dir:
-        return LocalFolder(cfg.data_dir, cfg.text_column, cfg.label_column)
-    return HubDataset(cfg.dataset, cfg.dataset_config, cfg.text_column, cfg.label_column)

@@ -135,6 +135,11 @@ def restore() -> None:
         _ACTIVE = None
 
 
+def counted(n: int, noun: str) -> str:
+    """`n` and `noun` as a line reads them: '1 trial', '4 trials' (a noun whose plural adds s)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _loggers() -> list[str]:
     """LOGGERS, and any logger below them that has a console handler of its own (Ray's `ray.data`)."""
     below = [name for name, logger in logging.root.manager.loggerDict.items()

@@ -29,6 +29,7 @@ import pandas as pd
 
 from pefusion import record as R
 from pefusion.errors import SweepInterrupted
+from pefusion.sweep.console import counted
 from pefusion.sweep.gpus import AUTO, auto_packing, trials_get_a_gpu
 from pefusion.sweep.space import Grid, Stack, grid_size
 from pefusion.sweep.live import LiveSweep, result_rows
@@ -141,6 +142,6 @@ def _interrupted(result: SweepResult, path: Path, study: StudySweep, opts: Sweep
     statuses = list(result.rows[R.STATUS]) if R.STATUS in result.rows else []
     n = max(live.total, len(statuses))  # a search makes its trials as it goes: some are not made yet
     finished, running = sum(s in R.FINAL_STATUSES for s in statuses), statuses.count(R.STATUS_INTERRUPTED)
-    what = "runs" if live.stack_key else "trials"  # a stacked trial's rows are its runs
-    raise SweepInterrupted(f"interrupted: {finished} of {n} {what} finished ({running} running, "
+    what = "run" if live.stack_key else "trial"  # a stacked trial's rows are its runs
+    raise SweepInterrupted(f"interrupted: {finished} of {counted(n, what)} finished ({running} running, "
                            f"{n - finished - running} pending); continue with: {opts.resume_command(result.name)}")

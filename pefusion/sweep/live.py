@@ -89,30 +89,51 @@ class LiveSweep:
     resolved_keys: Sequence[str] = ()  # `StudySweep.resolved_keys`
     stack_key: str | None = None  # the search space's stacked key: its trials carry one run per value
     every_s: float = 30.0
+    # `StudySweep.planned_epochs` and `.may_end_early`: a trial's epoch budget from its config (None: the study's
+    # trials report no epochs), and whether it may end sooner
+    planned_epochs: Callable[[Mapping[str, Any]], int] | None = None
+    may_end_early: Callable[[Mapping[str, Any]], bool] = lambda config: False
+    clock: Callable[[], float] = time.time  # what now is (a test holds its own)
+    # A trial's end is said this long after it, or as the next trial starts: Tune starts the trial that takes its
+    # place just after, and a line printed at once counted one running trial fewer than there are.
+    settle_s: float = 1.0
     total: int = 0
-    started_at: float = field(default_factory=time.time)
-    said_at: float = field(default_factory=time.time)
+    started_at: float = math.nan  # (nan: the clock's now, when made)
+    said_at: float = math.nan
     ran: set[str] = field(default_factory=set)  # trials that ran in this driver
     ended_before: set[str] | None = None  # trials already ended when this driver began (a resumed sweep)
     nodes: dict[str, str] = field(default_factory=dict)  # run key -> the node its last result came from
     concluded: dict[str, str] = field(default_factory=dict)  # trial id -> final status, as Tune concluded them
     finished_here: int = 0  # trials that ended in this driver (the rate behind the time-left estimate)
-    epochs: dict[str, int] = field(default_factory=dict)  # trial id -> its last epoch reported to this driver
+    epochs: dict[str, int] = field(default_factory=dict)  # trial id -> its last epoch (a resumed one's restored)
+    epochs_here: int = 0  # epoch reports this driver received, all trials together (the rate of a study with epochs)
     first_start: float | None = None  # when this driver saw its first trial start
+    unsaid: list[tuple[float, str]] = field(default_factory=list)  # (when, what) of trial ends not yet printed
     trials: list[dict[str, Any]] = field(default_factory=list)  # the end state: one dict per trial
     interrupted: bool = False
 
+    def __post_init__(self) -> None:
+        now = self.clock()
+        self.started_at = now if math.isnan(self.started_at) else self.started_at
+        self.said_at = now if math.isnan(self.said_at) else self.said_at
+
     # --- Tune events (driver thread; MLflow writes go to the recorder's writer thread) ---------------------------
-    def start(self, trial: Trial) -> None:
+    def start(self, trial: Trial, trials: list[Trial] | None = None) -> None:
+        """A trial starts (Tune's event, with `trials`), or an event of a trial this driver had not seen start."""
         self.recorder.check_open()  # a store that cannot be used ends the sweep at the first event after it failed
         self.ran.add(trial.trial_id)
         if self.first_start is None:
-            self.first_start = time.time()
+            self.first_start = self.clock()
         for run in self.runs(trial):
             self.recorder.later(self.recorder.trial_run, run.key, self.params(run), self.run_name(run.config),
                                 {R.TAG_STACKED: trial.trial_id} if run.member is not None else {})
         if trial.checkpoint is not None:  # resumed: epochs a lost write or a killed driver left out of MLflow
             self.recorder.later(self._backfill, trial)  # reads Ray's stored results: off the driver thread
+            last = (trial.last_result or {}).get(R.EPOCH)
+            if last is not None:  # the epochs it has done count in its progress, not in this driver's rate
+                self.epochs.setdefault(trial.trial_id, int(last))
+        if trials is not None:
+            self._say_ended(trials)  # the trial taking an ended one's place is counted running
 
     def runs(self, trial: Trial) -> list[Run]:
         return runs_of(trial.trial_id, trial.config, self.stack_key)
@@ -139,6 +160,7 @@ class LiveSweep:
         epoch = R.STATUS not in result and R.EPOCH in result
         if epoch:
             self.epochs[trial.trial_id] = int(result[R.EPOCH])
+            self.epochs_here += 1
         for run in self.runs(trial):
             part = run_part(result, run)
             if part is None:
@@ -191,8 +213,8 @@ class LiveSweep:
         failed = [f for f in finals if f[R.STATUS] not in R.SUCCESS_STATUSES]
         self.concluded[trial.trial_id] = str((failed or finals)[0][R.STATUS])
         self.finished_here += 1
-        if self.progress:
-            self.say(trials, f"{self.trial_name(trial)}: {self.outcomes(finals)}")
+        if self.progress:  # said as the next trial starts, or `settle_s` later (`step`)
+            self.unsaid.append((self.clock(), f"{self.trial_name(trial)}: {self.outcomes(finals)}"))
 
     def trial_name(self, trial: Trial) -> str:
         """The trial by what varies in the search, e.g. `lr 6.3e-3 batch 16` or `rope gate_scalar seed 0` (a
@@ -229,39 +251,81 @@ class LiveSweep:
             self.ended_before = {t.trial_id for t in trials if t.status in (Trial.TERMINATED, Trial.ERROR)}
 
     def step(self, trials: list[Trial]) -> None:
-        if self.progress and time.time() - self.said_at >= self.every_s:
+        if not self.progress:
+            return
+        if self.unsaid and self.clock() - self.unsaid[0][0] >= self.settle_s:
+            self._say_ended(trials)
+        elif self.clock() - self.said_at >= self.every_s:
             self.say(trials)
 
+    def _say_ended(self, trials: list[Trial]) -> None:
+        """The line of each trial end not said yet."""
+        unsaid, self.unsaid = self.unsaid, []
+        for _, ended in unsaid:
+            self.say(trials, ended)
+
     def say(self, trials: list[Trial], ended: str = "") -> None:
-        """One progress line: done (failed) / running / pending of n, elapsed, time left, the trial that ended."""
-        self.said_at = time.time()
+        """One progress line: done (failed) / running (their epochs done of planned) / pending of n, elapsed, time
+        left, the trial that ended."""
+        self.said_at = self.clock()
         n = max(self.total, len(trials))
         # Tune calls back before it marks the trial ended: count ends from what this driver saw
         over = set(self.concluded) | (self.ended_before or set())
         done = len(over)
         # Started in this driver and not over: Tune calls `on_trial_start` before it marks the trial RUNNING
-        running = [t.trial_id for t in trials if t.trial_id in self.ran and t.trial_id not in over
+        running = [t for t in trials if t.trial_id in self.ran and t.trial_id not in over
                    and t.status in (Trial.RUNNING, Trial.PENDING)]
         failed = sum(s not in R.SUCCESS_STATUSES for s in self.concluded.values())
         elapsed = self.said_at - self.started_at
-        print(f"[{time.strftime('%H:%M:%S')}] {done}/{n} done ({failed} failed), {len(running)} running, "
-              f"{n - done - len(running)} pending; {_duration(elapsed)} elapsed, {self.time_left(n, done, running)}"
-              + (f"; {ended}" if ended else ""), flush=True)
+        epochs = ""
+        if self.planned_epochs is not None and running:
+            epochs = (f" ({sum(self.epochs.get(t.trial_id, 0) for t in running)}/"
+                      f"{sum(self.planned_epochs(t.config) for t in running)} epochs)")
+        print(f"[{time.strftime('%H:%M:%S', time.localtime(self.said_at))}] {done}/{n} done ({failed} failed), "
+              f"{len(running)} running{epochs}, {n - done - len(running)} pending; {_duration(elapsed)} elapsed, "
+              f"{self.time_left(trials, n, over, running)}" + (f"; {ended}" if ended else ""), flush=True)
 
-    def time_left(self, n: int, done: int, running: Sequence[str]) -> str:
-        """The trials left at the rate this driver has run them since its first trial started, counting the
-        epochs the running trials have done (a fraction of a trial each: their epochs over the mean of the
-        trials that ended here). Counting ended trials alone overestimated it by about the concurrency."""
-        if n <= done:
+    def time_left(self, trials: Sequence[Trial], n: int, over: set[str], running: Sequence[Trial]) -> str:
+        """The work left at the rate this driver has done work since its first trial started: in epochs when the
+        study plans them (`_epochs_left`), else in trials."""
+        if n <= len(over):
             return "0s left"
+        if self.planned_epochs is not None:
+            return self._epochs_left(trials, n, over)
+        # Trials, counting the epochs the running ones have done (a fraction of a trial each: their epochs over
+        # the mean of the trials that ended here). Counting ended trials alone overestimated it by about the
+        # concurrency.
         ended = [self.epochs[t] for t in self.concluded if t in self.epochs]
         per_trial = sum(ended) / len(ended) if ended else 0.0
-        partial = sum(min(self.epochs.get(t, 0) / per_trial, 0.9) for t in running) if per_trial else 0.0
+        partial = sum(min(self.epochs.get(t.trial_id, 0) / per_trial, 0.9) for t in running) if per_trial else 0.0
         work = self.finished_here + partial
         if not work or self.first_start is None:
             return "time left known after the first trial"
         rate = work / max(self.said_at - self.first_start, 1e-9)  # trials per second
-        return f"~{_duration((n - done - partial) / rate)} left"
+        return f"~{_duration((n - len(over) - partial) / rate)} left"
+
+    def _epochs_left(self, trials: Sequence[Trial], n: int, over: set[str]) -> str:
+        """The epochs left over the epochs per second this driver's trials have trained, all together.
+
+        A trial's length is its planned epochs until trials have ended here, then the mean of what those ran (a
+        trial that failed says nothing of the others), never more than its plan and at least one epoch past what
+        it has done. While it is the plan and a trial may end sooner (early stopping, a scheduler), the estimate
+        is an upper bound and says so. Trials a search has not made yet are as long as the longest known one.
+        """
+        if not self.epochs_here or self.first_start is None:
+            return "time left known after the first epoch"
+        rate = self.epochs_here / max(self.said_at - self.first_start, 1e-9)
+        ran = [self.epochs[t] for t, status in self.concluded.items()
+               if status in R.SUCCESS_STATUSES and t in self.epochs]
+        typical = sum(ran) / len(ran) if ran else math.inf
+        lengths = {t.trial_id: min(typical, self.planned_epochs(t.config)) for t in trials}
+        left = sum(max(lengths[t.trial_id] - self.epochs.get(t.trial_id, 0), 1) for t in trials
+                   if t.trial_id not in over)
+        left += max(n - len(trials), 0) * max(lengths.values(), default=0)
+        text = f"~{_duration(left / rate)} left"
+        if not ran and any(self.may_end_early(t.config) for t in trials):
+            text += " at most (trials may stop early)"
+        return text
 
     def end(self, trials: list[Trial]) -> None:
         """Tune's last event: record how every trial ended; an interruption leaves some unfinished.
@@ -273,6 +337,7 @@ class LiveSweep:
         --resume continues it); it is 'interrupted', never 'stopped', and one never started is 'pending'.
         """
         self.first_step(trials)  # interrupted before Tune's first step: nothing has changed since the restore
+        self._say_ended(trials)
         snapshot = []
         for trial in trials:
             status = self.concluded.get(trial.trial_id)
@@ -340,7 +405,7 @@ class TrialEvents(tune.Callback):
             _LIVE.total = int(total_num_samples)
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        _LIVE.start(trial)
+        _LIVE.start(trial, trials)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         _LIVE.result(trial, result)

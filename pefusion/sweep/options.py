@@ -41,7 +41,11 @@ class SweepOptions:
     autoscaling: bool = False  # the cluster adds nodes: a request no node holds now may wait
     # Train the study's stackable key's values together in one trial (--stack-seeds); None: where trials get a GPU.
     stack: bool | None = None
-    command: str = ""  # the command as typed (its --resume form ends an interrupted sweep's line)
+    command: str = ""  # the command as typed (recorded on the parent run)
+    # The same command from any folder: the script and every path absolute, and the storage, tracking store and
+    # output folder the working folder gave (`pefusion.cli.flags.sweep_options`); its --resume form ends an
+    # interrupted sweep's line. Empty: `command`.
+    portable_command: str = ""
     tags: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -73,13 +77,21 @@ class SweepOptions:
             root = Path(self.storage_root())
             found = sorted((p for p in root.glob(prefix + "*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
             if not found:
-                raise ConfigError(f"--resume: no experiment {prefix}* in {root}; pass --name of the one to resume")
+                raise self.nothing_to_resume(f"{prefix}*")
             return found[-1].name
         return prefix + time.strftime("%Y%m%d-%H%M%S")
 
+    def nothing_to_resume(self, experiment: str) -> ConfigError:
+        """--resume found no `experiment`: where it looked, and how to point it elsewhere."""
+        default = f" (--storage-path's default: ./{DEFAULT_STORAGE} of the folder the command runs in)" \
+            if self.storage_path == DEFAULT_STORAGE else ""
+        return ConfigError(f"--resume: no experiment {experiment} in {self.storage_root()}{default}; pass the "
+                           f"--storage-path and --name the sweep ran with (the line that stopped it printed both)")
+
     def resume_command(self, name: str) -> str:
-        """The command as typed, naming the experiment and asking to resume it."""
-        parts = shlex.split(self.command)
+        """The command (from any folder where `portable_command` is set), naming the experiment and asking to
+        resume it."""
+        parts = shlex.split(self.portable_command or self.command)
         extra = ([] if "--name" in parts or any(p.startswith("--name=") for p in parts) else ["--name", name]) + \
             ([] if "--resume" in parts else ["--resume"])
         return shlex.join([*parts, *extra])

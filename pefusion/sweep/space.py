@@ -227,13 +227,15 @@ class SearchSpace(Mapping):
         """A copy with `key` replaced (or added), validated like a file entry."""
         return parse_search_space({**self.dims, key: dim}, self.rules, self.source)
 
-    def override_values(self, key: str, values: str | Sequence) -> SearchSpace:
+    def override_values(self, key: str, values: str | Sequence, flag: str = "") -> SearchSpace:
         """Replace `key` from a command line, e.g. ('pe_type', 'sinusoidal,rope'): keeps a Choice a Choice and
-        a Stack a Stack, anything else becomes a Grid."""
+        a Stack a Stack, anything else becomes a Grid. `flag` names where the values came from (`--pe-types`): a
+        value the key's rule refuses is then reported against the flag as typed, not the file it narrows."""
         items = tuple(v.strip() for v in values.split(",")) if isinstance(values, str) else tuple(values)
-        kind = type(self.dims.get(key)) if isinstance(self.dims.get(key), (Choice, Stack)) else Grid
-        return self.override(key, kind(items))
-
+        dim = (type(self.dims[key]) if isinstance(self.dims.get(key), (Choice, Stack)) else Grid)(items)
+        if flag and key in self.rules:
+            _check_dimension(f"{flag} {','.join(map(str, items))}", key, dim, self.rules[key])
+        return self.override(key, dim)
     def stacked_key(self) -> str | None:
         """The key whose values one trial trains together (a `Stack`), if any."""
         return next((key for key, dim in self.dims.items() if isinstance(dim, Stack)), None)

@@ -36,6 +36,12 @@ class StudySweep:
     # {TEST_ACC: lambda v: f"test {100 * v:.1f} %", ...}: a trial the scheduler stopped has no test accuracy.
     shown: Mapping[str, Callable[[float], str]] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)  # short names of searched keys in progress lines
+    # The epochs a trial of this config trains at most (its budget: a preset's max_epochs, a scheduler's), from
+    # which the progress lines estimate the time left until trials have ended; None: the study's trials report no
+    # epochs (the estimate then waits for the first trial to end). `may_end_early`: whether such a trial may end
+    # sooner (early stopping, a scheduler that stops trials), which makes that estimate an upper bound.
+    planned_epochs: Callable[[dict[str, Any]], int] | None = None
+    may_end_early: Callable[[dict[str, Any]], bool] = lambda config: False
     describe: Callable[[Mapping[str, Any]], str] = lambda shipped: ""  # printed before Ray starts
     results_file: str = "results"
     # The study's CSV form of a frame (units in the headers, rounding): every CSV the sweep writes goes through it.

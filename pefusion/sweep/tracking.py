@@ -11,7 +11,9 @@ never waits on the tracking server, and a server that goes away is waited for (t
 queue up in order and are made when it returns) instead of costing a metric.
 
 This module is the project's one writer of MLflow: the analysis reports, written after a sweep, log their files
-to its parent run through `log_artifacts_to_run`; `pefusion.analysis` itself only reads.
+to its parent run through `log_artifacts_to_run`; `pefusion.analysis` itself only reads. One writer besides it,
+on purpose: MLflow's own monitor of this machine (`SystemMetrics`: CPU and RAM, and GPUs with nvidia-ml-py) logs to
+the parent run from a thread and client of its own, since NVML sees a whole device, not a trial.
 """
 from __future__ import annotations
 
@@ -39,6 +41,9 @@ os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MLFLOW_PARAM_MAX = 6000  # MLflow's param value limit; longer values are cut, never rejected
+# Seconds between two samples of the machine on a sweep's parent run (MLflow's
+# MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL overrides it).
+SYSTEM_METRICS_INTERVAL_S = 10.0
 
 
 class TrackingError(ConfigError):
@@ -91,10 +96,11 @@ def git_commit() -> str:
         return ""
 
 
-def command_line(argv: Sequence[str] | None = None, program: str = "") -> str:
+def command_line(argv: Sequence[str] | None = None, program: str = "", *, absolute: bool = False) -> str:
     """The command that started this process, quoted so that pasted in the same folder it runs again: the
-    interpreter as the user would type it (`_interpreter`) and the script's path as given, or an installed command
-    (an entry point) by its name when PATH finds it, else by its path; then the arguments.
+    interpreter as the user would type it (`_interpreter`) and the script's path as given (`absolute`: its
+    absolute path, so that it runs from any folder), or an installed command (an entry point) by its name when
+    PATH finds it, else by its path; then the arguments.
 
     `argv` replaces this process's arguments; `program` names the command that takes them when they are not this
     process's own (a main called in-process: this process's command line is then another program's).
@@ -102,7 +108,7 @@ def command_line(argv: Sequence[str] | None = None, program: str = "") -> str:
     args = list(sys.argv[1:] if argv is None else argv)
     if program:
         return shlex.join([program, *args])
-    script = sys.argv[0]
+    script = os.path.abspath(sys.argv[0]) if absolute else sys.argv[0]
     if not script.endswith(".py") and os.access(script, os.X_OK):  # an entry point, started by its #! line
         name = os.path.basename(script)
         found = shutil.which(name)
@@ -278,8 +284,9 @@ class _Writer:
 
     RETRY_MAX_S = 30.0
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, on_back: Callable[[], None] = lambda: None) -> None:
         self.uri = uri
+        self.on_back = on_back  # called on this thread when the store answers again after an outage
         self.down_since: float | None = None
         self._queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._loop, name="pefusion-mlflow-writer", daemon=True).start()
@@ -314,6 +321,7 @@ class _Writer:
                 print(f"MLflow tracking store is back after {time.time() - self.down_since:.0f} s; writing the "
                       f"{self.pending - 1} queued records", file=sys.stderr, flush=True)
                 self.down_since = None
+                self.on_back()
             self._queue.task_done()
 
     def drain(self, every_s: float = 30.0) -> None:
@@ -327,6 +335,57 @@ class _Writer:
                       f"(Ctrl-C stops; --resume writes them from what Ray stored)", file=sys.stderr, flush=True)
 
 
+class SystemMetrics:
+    """MLflow's own monitor of this machine (`SystemMetricsMonitor`) on a sweep's parent run: CPU and RAM where
+    psutil is importable (Ray ships it), each GPU's utilisation and memory where nvidia-ml-py is (`pefusion[gpu]`),
+    under MLflow's names (`pefusion.record.SYSTEM_CPU`, `system_gpu`), a sample every SYSTEM_METRICS_INTERVAL_S.
+
+    It writes with a client and a thread of its own, outside the recorder's writer: a sample it cannot write ends
+    its thread (MLflow's way), so the recorder starts a new one on the same run when the store answers again
+    (`restart`), and a resumed sweep on its reopened parent; each goes on from the run's last step. An outage
+    costs the samples of its own span, never a record of the sweep.
+    """
+
+    def __init__(self, uri: str, run_id: str) -> None:
+        from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self._make = lambda: SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S,
+                                                  resume_logging=True, tracking_uri=uri)
+        self._monitor = self._make()
+        self.gpus = sum(getattr(m, "num_gpus", 0) for m in self._monitor.monitors if isinstance(m, GPUMonitor))
+        self.interval_s = float(self._monitor.sampling_interval)
+        self._monitor.start()
+
+    @staticmethod
+    def start(uri: str, run_id: str) -> SystemMetrics | None:
+        """The monitor of run `run_id`, started; None where psutil is missing, the user turned MLflow's system
+        metrics off (MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=false) or the monitor cannot start: the sweep never
+        depends on it. A store that is away raises (the writer retries the opening it is part of)."""
+        from mlflow.environment_variables import MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING as ENABLED
+
+        if ENABLED.defined and not ENABLED.get():
+            return None
+        try:
+            return SystemMetrics(uri, run_id)
+        except ImportError:  # psutil (MLflow's CPU monitor imports it)
+            return None
+        except Exception as exc:  # noqa: BLE001
+            if is_unreachable(exc):
+                raise
+            return None
+
+    def restart(self) -> None:
+        """A new monitor on the same run, from its next step (the old one's thread may have ended on an outage)."""
+        self._monitor.finish()
+        self._monitor = self._make()
+        self._monitor.start()
+
+    def stop(self) -> None:
+        """Stop sampling: its thread ends and the samples it holds are written."""
+        self._monitor.finish()
+
+
 class SweepRecorder:
     """Writes one sweep to MLflow. Safe to rebuild after a driver restart: runs are found again by tag.
 
@@ -335,12 +394,16 @@ class SweepRecorder:
     """
 
     def __init__(self, uri: str, experiment: str, sweep: str, sweep_path: str,
-                 tags: Mapping[str, Any] | None = None, *, wait: bool = True, announce: bool = False) -> None:
+                 tags: Mapping[str, Any] | None = None, *, wait: bool = True, announce: bool = False,
+                 system_metrics: bool = False) -> None:
         """Open the sweep's parent run (found again by tag when resumed, or created) with `tags`, on the writer
         thread. `wait=False` returns at once: opening a store takes seconds (importing MLflow, creating or
         migrating a sqlite database), which then overlap Ray's start of the first trials; the writes queued
-        after it wait for it, and `wait_open` is where the driver waits. `announce` prints where it writes."""
+        after it wait for it, and `wait_open` is where the driver waits. `announce` prints where it writes.
+        `system_metrics`: MLflow's samples of this machine on the parent run while it is open (`SystemMetrics`)."""
         self.uri, self.experiment, self.sweep, self.sweep_path = uri, experiment, sweep, sweep_path
+        self.system_metrics = system_metrics
+        self.system: SystemMetrics | None = None
         # The writer thread retries an unreachable server itself (with no end), so MLflow's own retries (7 with
         # a doubling back-off, minutes per call) would only delay noticing the outage.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -363,6 +426,8 @@ class SweepRecorder:
             self.experiment_id = ensure_experiment(self.uri, self.experiment)
             self.parent_run_id = self._find_or_create_parent()
             self.tag_parent(tags)
+            if self.system_metrics and self.system is None:
+                self.system = SystemMetrics.start(self.uri, self.parent_run_id)
         except Exception as exc:  # noqa: BLE001
             if is_unreachable(exc):
                 raise  # the writer waits for the store, then opens it
@@ -374,6 +439,9 @@ class SweepRecorder:
             served = "" if self.uri.startswith(("http://", "https://")) else \
                 f"  (after `mlflow ui --backend-store-uri {self.uri}`)"
             print(f"MLflow UI: {ui_link(self.uri, self.experiment_id, self.parent_run_id)}{served}", flush=True)
+            if self.system is not None and self.system.gpus:  # (without nvidia-ml-py, nothing is said)
+                print(f"MLflow system metrics: {self.system.gpus} GPU(s) on the parent run every "
+                      f"{self.system.interval_s:g} s; {R.GPU_BUSY_LABEL}", flush=True)
 
     def wait_open(self) -> None:
         """Wait until the parent run is open; a store that cannot be used ends here in one line (TrackingError)."""
@@ -391,7 +459,7 @@ class SweepRecorder:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _runs={}, _last_step={}, _series={}, _params={}, _done=set(), _writer=None,
-                             _opened=threading.Event())
+                             _opened=threading.Event(), system_metrics=False, system=None)
         self._opened.set()
 
     @property
@@ -402,8 +470,16 @@ class SweepRecorder:
         """Make `fn(*args, **kwargs)` (a write of this recorder) on the writer thread, after those queued before;
         dropped if the store could not be opened."""
         if self._writer is None:
-            self._writer = _Writer(self.uri)
+            self._writer = _Writer(self.uri, on_back=self._store_back)
         self._writer.put(functools.partial(self._if_open, fn, *args, **kwargs))
+
+    def _store_back(self) -> None:
+        """The store answers again after an outage: the system monitor's thread may have ended in it."""
+        if self.system is not None:
+            try:
+                self.system.restart()
+            except Exception:  # noqa: BLE001  (away again: the next time it is back restarts it)
+                pass
 
     def _if_open(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         if self.open_error is None:
@@ -573,14 +649,22 @@ class SweepRecorder:
 
     def finish_sweep(self, metrics: Mapping[str, Any]) -> None:
         """The parent run FINISHED with the sweep's counts (only once every trial has finished)."""
+        self._stop_system_metrics()
         self._log_metrics(self.parent_run_id, metrics)
         self.client.set_tag(self.parent_run_id, R.TAG_STATUS, "finished")
         self.client.set_terminated(self.parent_run_id, status="FINISHED")
 
     def interrupt_sweep(self) -> None:
         """The parent run of an interrupted sweep: KILLED, never FINISHED; --resume reopens it."""
+        self._stop_system_metrics()
         self.client.set_tag(self.parent_run_id, R.TAG_STATUS, R.STATUS_INTERRUPTED)
         self.client.set_terminated(self.parent_run_id, status="KILLED")
+
+
+    def _stop_system_metrics(self) -> None:
+        if self.system is not None:
+            self.system.stop()
+            self.system = None
 
 
 def ui_link(tracking_uri: str, experiment_id: str, run_id: str, ui_url: str = "http://127.0.0.1:5000") -> str:

@@ -150,7 +150,7 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
     name = opts.experiment_name(study.preset)
     exp_path = f"{opts.storage_root().rstrip('/')}/{name}"
     if opts.resume and not opts.is_remote_storage and not Path(exp_path).is_dir():
-        raise ConfigError(f"--resume: no experiment at {exp_path}")
+        raise opts.nothing_to_resume(name)
     if not opts.resume and not opts.is_remote_storage and Path(exp_path).exists():
         raise ConfigError(f"experiment {exp_path} exists: pass --resume to continue it, or another --name")
     console.quiet(exp_path, opts.verbose)  # Ray's and MLflow's messages to the experiment's driver.log (-v: here)
@@ -167,13 +167,15 @@ def run_tune(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) 
         print(f"Ray dashboard: {dashboard}  (token: `ray get-auth-token`)", flush=True)
     # Opened while Tune starts the trials' processes (both take seconds); a trial's first event waits for it.
     recorder = SweepRecorder(uri, opts.experiment or study.experiment, opts.sweep, exp_path, wait=False,
-                             announce=True, tags={R.TAG_RAY_ADDRESS: opts.address or "local",
-                                                  R.TAG_COMMAND: opts.command, **opts.tags})
+                             announce=True, system_metrics=True,
+                             tags={R.TAG_RAY_ADDRESS: opts.address or "local", R.TAG_COMMAND: opts.command,
+                                   **opts.tags})
 
     sweep = live.begin(LiveSweep(
         recorder, dict(study.static_params), study.run_name, shown=study.shown, varying=varying_keys(study.space),
         labels=study.labels, metric=study.metric, mode=study.mode, best_metric=study.best_metric,
-        progress=opts.progress, resolved_keys=tuple(study.resolved_keys),
+        progress=opts.progress, planned_epochs=study.planned_epochs, may_end_early=study.may_end_early,
+        resolved_keys=tuple(study.resolved_keys),
         # a resumed sweep's trials carry the runs they were made with, whatever this driver's flags say
         stack_key=study.space.stacked_key() or study.stackable))
     trainable = tune.with_parameters(catching_errors(study.trainable, study.metric), **shipped)

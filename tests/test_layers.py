@@ -1,0 +1,70 @@
+"""The imports of `pefusion/data` point one way (issue 30, item 6): no module imports, at run time, inside a
+function or under `TYPE_CHECKING`, a module that imports it back, directly or through others. Read from the
+source with `ast`, so a type-only import counts like any other."""
+from __future__ import annotations
+
+import ast
+
+from conftest import REPO
+
+PACKAGE = "pefusion.data"
+
+
+def data_imports() -> dict[str, set[str]]:
+    """module -> the modules of `pefusion.data` it imports anywhere in its source."""
+    folder = REPO / "pefusion" / "data"
+    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for name in modules:
+        found: set[str] = set()
+        for node in ast.walk(ast.parse((folder / f"{name}.py").read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                # `from pefusion.data import readers` imports the module readers
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            found |= {t.rsplit(".", 1)[-1] for t in targets
+                      if t.startswith(PACKAGE + ".") and t.rsplit(".", 1)[-1] in modules}
+        graph[name] = found - {name}
+    return graph
+
+
+def a_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of `graph` (its modules in order, the first repeated at the end), or []."""
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: list[str]) -> list[str]:
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                return [*path[path.index(target):], target]
+            if target not in state:
+                circle = visit(target, [*path, target])
+                if circle:
+                    return circle
+        state[name] = "done"
+        return []
+
+    for start in sorted(graph):
+        if start not in state:
+            circle = visit(start, [start])
+            if circle:
+                return circle
+    return []
+
+
+def test_the_modules_of_pefusion_data_import_one_way():
+    graph = data_imports()
+    assert graph["corpus"] >= {"cache", "config", "sources"}  # the parse sees imports at all
+    circle = a_circle(graph)
+    assert not circle, " -> ".join(circle)
+
+
+def test_a_circle_is_found_through_a_type_only_import():
+    """The rule's own check, on the shape the issue found: a back edge under TYPE_CHECKING."""
+    assert a_circle({"config": {"sources"}, "sources": {"readers", "config"}, "readers": set()}) == \
+        ["config", "sources", "config"]
+    assert a_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert a_circle({"a": {"b"}, "b": set()}) == []
