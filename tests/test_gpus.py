@@ -203,7 +203,7 @@ def test_auto_on_a_machine_without_a_gpu_prints_its_choice_and_tags_the_parent_r
     assert line in lines
     started = next(i for i, ln in enumerate(lines) if ln.startswith("MLflow:"))  # printed once Ray has started
     assert lines.index(line) < started
-    assert "1 trials, 1 ok, 0 failed" in proc.stdout
+    assert "1 trial, 1 ok, 0 failed" in proc.stdout
 
     client = MlflowClient(f"sqlite:///{db}")
     (parent,) = client.search_runs([client.get_experiment_by_name("pe-fusion").experiment_id],

@@ -93,7 +93,7 @@ def quick_start(tmp_path_factory):
         holder.close()
     out = "".join(lines)
     assert driver.returncode == 0, out[-3000:] + (cwd.parent / "quick_start.stderr").read_text()[-3000:]
-    assert "1 trials, 1 ok, 0 failed" in out
+    assert "1 trial, 1 ok, 0 failed" in out
     return SimpleNamespace(cwd=cwd.resolve(), out=out, dashboard=dashboard)
 
 

@@ -184,7 +184,7 @@ def test_address_auto_joins_a_running_cluster(tmp_path, cache_dir, head_node):
                   "gate_scalar", "--seeds", "0", "--address", "auto", "--name", "cluster",
                   tracking=f"sqlite:///{db}", cache_dir=cache_dir, env=head_node.env)
     assert list(head_node.temp_dir.glob("session_*/logs/python-core-driver-*.log")), "the sweep ran elsewhere"
-    assert "1 trials, 1 ok, 0 failed" in proc.stdout
+    assert "1 trial, 1 ok, 0 failed" in proc.stdout
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{db}")

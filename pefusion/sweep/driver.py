@@ -142,6 +142,6 @@ def _interrupted(result: SweepResult, path: Path, study: StudySweep, opts: Sweep
     statuses = list(result.rows[R.STATUS]) if R.STATUS in result.rows else []
     n = max(live.total, len(statuses))  # a search makes its trials as it goes: some are not made yet
     finished, running = sum(s in R.FINAL_STATUSES for s in statuses), statuses.count(R.STATUS_INTERRUPTED)
-    what = "run" if live.stack_key else "trial"  # a stacked trial's rows are its runs
+    what = "run" if study.space.stacked_key() else "trial"  # a stacked trial's rows are its runs
     raise SweepInterrupted(f"interrupted: {finished} of {counted(n, what)} finished ({running} running, "
                            f"{n - finished - running} pending); continue with: {opts.resume_command(result.name)}")

@@ -343,8 +343,8 @@ class LiveSweep:
             status = self.concluded.get(trial.trial_id)
             if status is None and trial.trial_id in self.ended_before:
                 self.recorder.later(self._reconcile, trial)
-                status = str(_final(trial).get(R.STATUS, R.STATUS_STOPPED)) if trial.status == Trial.TERMINATED \
-                    else R.STATUS_ERROR
+                status = str((trial.last_result or {}).get(R.STATUS, R.STATUS_STOPPED)) \
+                    if trial.status == Trial.TERMINATED else R.STATUS_ERROR
             elif status is None:
                 # (Tune marks TERMINATED every trial it had asked an actor for, even one still waiting for resources)
                 started = trial.trial_id in self.ran or trial.checkpoint is not None
