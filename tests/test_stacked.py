@@ -53,3 +53,55 @@ def test_each_stacked_seed_takes_its_separate_trials_steps(smoke_preset, smoke_c
     for row, seed in enumerate(SEEDS):
         np.testing.assert_allclose([s[row] for s in steps], separate[seed], rtol=0, atol=1e-4, err_msg=str(seed))
     assert np.abs(np.subtract(separate[0], separate[1])).max() > 1e-2  # the seeds' trials are not alike
+
+
+def test_cpu_dropout_kernels_under_vmap_draw_one_mask_per_seed_and_their_gradients_follow_it():
+    """The CPU kernels vmap cannot batch run under it through their vmap rules (every seed's tensors as one batch):
+    each seed's output is its input through its own mask, the masks differ between seeds, and the gradients
+    are those of that output, checked against the dense formula written here."""
+    from torch.func import vmap
+
+    from pefusion.fusion.attention import _ChunkedDropoutAttention, _MaskedDropout
+
+    torch.manual_seed(0)
+    S, B, H, T, hd, p = 3, 2, 2, 5, 4, 0.3
+    q, k, v = (torch.randn(S, B, H, T, hd, requires_grad=True) for _ in range(3))
+    attend = torch.ones(S, B, 1, 1, T, dtype=torch.bool)
+    attend[:, 0, ..., -2:] = False  # the first document of each seed's batch is padded
+    bias = torch.zeros(attend.shape).masked_fill(~attend, float("-inf"))
+    out, keep = vmap(lambda *a: _ChunkedDropoutAttention.apply(*a, p), randomness="different")(q, k, v, bias)
+    probs = torch.softmax(q @ k.transpose(-1, -2) / hd ** 0.5 + bias, -1)
+    expected = (probs * keep / (1 - p)) @ v
+    torch.testing.assert_close(out, expected)
+    assert not torch.equal(keep[0], keep[1]) and not torch.equal(keep[1], keep[2])
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    torch.testing.assert_close(got, torch.autograd.grad(expected, (q, k, v), grad))
+
+    x = torch.randn(S, 7, 6, requires_grad=True)
+    y, mask = vmap(lambda t: _MaskedDropout.apply(t, p), randomness="different")(x)
+    torch.testing.assert_close(y, x * mask)
+    assert mask.unique().tolist() == pytest.approx([0.0, 1 / (1 - p)]) and not torch.equal(mask[0], mask[1])
+    torch.testing.assert_close(torch.autograd.grad(y.sum(), x)[0], mask)
+
+
+def test_a_stacked_seed_that_diverges_is_recorded_while_the_others_train_on(smoke_preset, smoke_corpus):
+    """Seeds share the trial's learning rate, so seed 1's weights are poisoned after the first epoch, as a blow-up
+    would leave them: it ends as diverged in its next epoch and leaves the stack, and the other seeds train on to
+    their own end with the records of healthy runs."""
+    from pefusion import record as R
+
+    model = smoke_preset.model
+    train = dataclasses.replace(smoke_preset.train, max_epochs=3, early_stopping=False, device="cpu")
+    stacked = StackedTrainer(model, train, smoke_corpus, SEEDS)
+    stacked.train_epoch()
+    with torch.no_grad():
+        next(iter(stacked.params.values()))[1].fill_(float("nan"))  # seed 1's slice of the first weight
+    while not stacked.finished:
+        stacked.train_epoch()
+    records = stacked.final_records(smoke_preset.data.length_edges)
+    assert records[1][R.STATUS] == R.STATUS_DIVERGED and "non-finite" in records[1][R.ERROR]
+    assert records[1][R.EPOCHS_RUN] == 1
+    for seed in (0, 2):
+        assert records[seed][R.STATUS] == R.STATUS_OK and records[seed][R.EPOCHS_RUN] == 3
+        assert np.isfinite(records[seed][R.TEST_ACC])

@@ -10,10 +10,10 @@ optimiser updates the stacked parameters (Adam is elementwise: each seed's slice
 move it). A seed that stops (early stopping, its epoch budget, or a diverged loss) leaves the stack with its
 optimiser state, so no later step touches it; the trial ends when every seed has stopped.
 
-What vmap cannot batch, the template's modules (`vmapped`) leave aside: CPU attention is written out in ops vmap
-batches (`pefusion.fusion.attention.vmapped_attention`; CUDA's SDPA kernels have batching rules), dropout is
-PyTorch's (whose draws vmap batches, one mask per seed, where the CPU kernel draws with numpy), and the model takes
-no data-dependent shortcut (ALiBi's unpadded batch). Seeds' batches differ in length and, at the end of an epoch,
+What vmap cannot batch is kept out of its way: the CPU kernels of `pefusion.fusion.attention` (numpy-drawn dropout
+masks, the chunked attention-dropout kernel) are autograd Functions whose vmap rules run them once on every seed's
+tensors folded into one batch, and the template's modules (`vmapped`) take no branch on a tensor's values
+(`vmapped_attention`; ALiBi's unpadded batch). Seeds' batches differ in length and, at the end of an epoch,
 in size: a step's batch is padded to the widest of them (then to the pad multiple) and to the largest, with
 padding-only documents that count in no loss. With dropout 0 every seed's per-step loss is its separate trial's
 up to float rounding (`tests/test_stacked.py`); with dropout, each seed draws its own masks, from one stream.
@@ -33,7 +33,6 @@ from torch.func import functional_call, stack_module_state, vmap
 from pefusion import record as R
 from pefusion.data.batching import Batch, batch_width, to_device
 from pefusion.data.encoded import EncodedCorpus
-from pefusion.fusion.attention import Dropout
 from pefusion.fusion.config import ModelConfig, TrainConfig
 from pefusion.fusion.model import PEFusionClassifier, SelfAttention
 from pefusion.fusion.training import Diverged, Trainer
@@ -55,7 +54,7 @@ class StackedTrainer:
         # The one model definition, with no weights of its own, that vmap runs each seed's weights through.
         self.template = copy.deepcopy(self.lead.model).to("meta")
         for module in self.template.modules():
-            if isinstance(module, (PEFusionClassifier, SelfAttention, Dropout)):
+            if isinstance(module, (PEFusionClassifier, SelfAttention)):
                 module.vmapped = True
         self.active: list[int] = []
         self._stack(list(seeds))
