@@ -27,9 +27,12 @@ from study_names import EPOCH_METRICS, TIMING_COLUMNS
 
 GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "8", "--pe-types", "sinusoidal,learned",
         "--fusions", "add,concat", "--seeds", "0", "--max-concurrent", "1", "--num-cpus", "2", "--no-dashboard"]
+# The same 4 cells with 2 seeds each trained together: 4 trials carrying 8 runs.
+STACKED = [*GRID[:GRID.index("--seeds")], "--seeds", "0,1", "--stack-seeds", *GRID[GRID.index("--seeds") + 2:]]
+GRIDS = {"separate": (GRID, 1), "stacked": (STACKED, 2)}  # the flags, and the runs each trial carries
 TIMING_METRICS = {R.LAT_MS_MEAN, R.LAT_MS_STD, R.TRAIN_TIME_S}
-INTERRUPTED_LINE = re.compile(r"^interrupted: (\d+) of (\d+) trials? finished \((\d+) running, (\d+) pending\); "
-                              r"continue with: (.+)$")
+INTERRUPTED_LINE = re.compile(r"^interrupted: (\d+) of (\d+) (?:trials?|runs?) finished \((\d+) running, (\d+) "
+                              r"pending\); continue with: (.+)$")
 
 
 def _start(cwd: Path, args: list[str]) -> subprocess.Popen:
@@ -67,7 +70,7 @@ def _comparable(csv: Path) -> pd.DataFrame:
 
 def _ray_configs(experiment: Path) -> dict[str, dict]:
     """trial id -> the config Ray itself stored for it (params.json of its folder): the truth a CSV row is
-    checked against."""
+    checked against (a stacked trial's seed is the list of its runs' seeds)."""
     configs = {}
     for folder in experiment.glob("pefusion_trainable_*"):
         params = folder / "params.json"
@@ -78,31 +81,45 @@ def _ray_configs(experiment: Path) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, cache_dir) -> SimpleNamespace:
-    """The GRID sweep run to its end without interruption (and with -q), once for both signals."""
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    db = folder / "full.db"
-    proc = _run(folder, [*GRID, "--name", "full", "-q", "--tracking-uri", f"sqlite:///{db}",
-                         "--cache-dir", str(cache_dir)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return SimpleNamespace(db=db, csv=folder / "results" / "full_results_by_seed.csv", stdout=proc.stdout)
+def uninterrupted(tmp_path_factory, cache_dir):
+    """The sweep of GRIDS[variant] run to its end without interruption (and with -q), once per variant for both
+    signals."""
+    made: dict[str, SimpleNamespace] = {}
+
+    def sweep(variant: str) -> SimpleNamespace:
+        if variant not in made:
+            folder = tmp_path_factory.mktemp(f"uninterrupted_{variant}")
+            db = folder / "full.db"
+            proc = _run(folder, [*GRIDS[variant][0], "--name", "full", "-q", "--tracking-uri", f"sqlite:///{db}",
+                                 "--cache-dir", str(cache_dir)])
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            made[variant] = SimpleNamespace(db=db, csv=folder / "results" / "full_results_by_seed.csv",
+                                            stdout=proc.stdout)
+        return made[variant]
+
+    return sweep
 
 
 @pytest.mark.subprocess_ray
 # SIGTERM goes through the handler Ctrl-C uses (`_sigterm_as_ctrl_c`), so the default suite runs it alone; the
 # SIGINT run (~70 s) is `-m slow`.
-@pytest.mark.parametrize("sig", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM],
-                         ids=["SIGINT", "SIGTERM"])
-def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, cache_dir, uninterrupted, sig):
+@pytest.mark.parametrize("sig,variant", [pytest.param(signal.SIGINT, "separate", marks=pytest.mark.slow),
+                                         (signal.SIGTERM, "separate"), (signal.SIGTERM, "stacked")],
+                         ids=["SIGINT", "SIGTERM", "SIGTERM-stacked"])
+def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, cache_dir, uninterrupted, sig,
+                                                                     variant):
     """The first Ctrl-C (or SIGTERM) mid-sweep: exit 130 and one line with the exact --resume command; the CSV
-    lists every trial Tune made with its own configuration, nothing unfinished as finished (no 'stopped'), the
+    lists every run Tune made with its own configuration, nothing unfinished as finished (no 'stopped'), the
     unfinished runs and the parent not FINISHED. The printed command then ends with the CSV and MLflow of an
     uninterrupted sweep, timing aside: the same child runs, FINISHED, with the same values and each epoch once.
-    A sweep run with -q prints no progress line; the interrupted one printed one per trial end."""
-    full_db, cut_db = uninterrupted.db, tmp_path / "cut.db"
-    assert not re.search(r"^\[\d\d:\d\d:\d\d\]", uninterrupted.stdout, re.M), uninterrupted.stdout
+    A sweep run with -q prints no progress line; the interrupted one printed one per trial end. `stacked`: the
+    trials carry 2 seeds each, trained together, every seed its own run."""
+    grid, per_trial = GRIDS[variant]
+    reference = uninterrupted(variant)
+    full_db, cut_db = reference.db, tmp_path / "cut.db"
+    assert not re.search(r"^\[\d\d:\d\d:\d\d\]", reference.stdout, re.M), reference.stdout
 
-    args = [*GRID, "--name", "cut", "--tracking-uri", f"sqlite:///{cut_db}", "--cache-dir", str(cache_dir)]
+    args = [*grid, "--name", "cut", "--tracking-uri", f"sqlite:///{cut_db}", "--cache-dir", str(cache_dir)]
     driver = _start(tmp_path, args)
     lines = []
     for line in driver.stdout:  # the progress line of the first trial's end
@@ -118,23 +135,30 @@ def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, c
     match = INTERRUPTED_LINE.match(last)
     assert match, err[-3000:]
     finished, n, running, pending = map(int, match.groups()[:4])
-    assert n == 4 and finished >= 1 and finished + running + pending == 4 and running <= 1
+    runs = 4 * per_trial
+    assert n == runs and finished >= 1 and finished + running + pending == runs and running <= per_trial
     # the command as it was run, every path absolute (the storage and results folders of the working folder
     # named), pasted below as is
-    portable = [*GRID, "--name", "cut", "--tracking-uri", f"sqlite:///{cut_db}", "--cache-dir",
+    portable = [*grid, "--name", "cut", "--tracking-uri", f"sqlite:///{cut_db}", "--cache-dir",
                 str(Path(cache_dir).resolve())]
     assert shlex.split(match.group(5))[1:] == [str(REPO / "sweeps" / "arxiv_grid.py"), *portable, "--storage-path",
                                                str(tmp_path.resolve() / "ray_results"), "--out",
                                                str(tmp_path.resolve() / "results"), "--resume"]
     progress = [ln for ln in lines if re.match(r"^\[\d\d:\d\d:\d\d\] \d/4 done", ln)]
-    # a trial's end names it by what the grid varies (…; learned add: ok, test 22.0 %); a periodic line names none
-    ended = [ln for ln in progress if re.search(r"; (sinusoidal|learned) (add|concat): ", ln)]
-    assert len(ended) >= finished and all(re.search(r": ok, test \d+\.\d %$", ln.strip()) for ln in ended), lines
+    # a trial's end names it by what the grid varies (…; learned add: ok, test 22.0 %, a stacked one's seeds too:
+    # learned add seed 0,1: ok, test 22.0 % | ok, test 25.0 %); a periodic line names none
+    ended = [ln for ln in progress if re.search(r"; (sinusoidal|learned) (add|concat)( seed 0,1)?: ", ln)]
+    each = r"ok, test \d+\.\d %"
+    assert len(ended) * per_trial >= finished, lines
+    assert all(re.search(rf": {each}( \| {each}){{{per_trial - 1}}}$", ln.strip()) for ln in ended), lines
 
     rows = pd.read_csv(tmp_path / "results" / "cut_results_by_seed.csv")
     truth = _ray_configs(tmp_path / "ray_results" / "cut")
     for row in rows.itertuples():
-        assert {k: getattr(row, k) for k in truth[row.trial_id]} == truth[row.trial_id], row.trial_id
+        trial = truth[row.trial_id.split("/")[0]]  # a stacked run's key: <trial id>/seed=<its seed>
+        config = {**trial, R.SEED: row.seed} if isinstance(trial[R.SEED], list) else trial
+        assert row.seed in (trial[R.SEED] if isinstance(trial[R.SEED], list) else [trial[R.SEED]])
+        assert {k: getattr(row, k) for k in config} == config, row.trial_id
     assert R.STATUS_STOPPED not in set(rows[R.STATUS])
     assert (rows[R.STATUS] == R.STATUS_OK).sum() == finished
     assert (rows[R.STATUS] == R.STATUS_INTERRUPTED).sum() == running
@@ -150,7 +174,7 @@ def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, c
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     pd.testing.assert_frame_equal(_comparable(tmp_path / "results" / "cut_results_by_seed.csv"),
-                                  _comparable(uninterrupted.csv))
+                                  _comparable(reference.csv))
     ref, got = _mlflow(full_db), _mlflow(cut_db)
     assert got["parent"].info.status == "FINISHED" and set(got["children"]) == set(ref["children"])
     for key, want in ref["children"].items():
@@ -291,11 +315,12 @@ def test_a_trial_whose_own_code_raises_runs_once_and_is_recorded_once(local_ray,
     assert failed[0].data.tags[R.TAG_ERROR] == "ValueError: bad value 7"
 
 
+@pytest.mark.parametrize("seeds,stack", [([0], False), ([0, 1], True)], ids=["trial", "stacked"])
 def test_a_trial_process_killed_mid_training_resumes_from_its_checkpoint(local_ray, in_tmp, smoke_preset,
-                                                                          smoke_corpus):
+                                                                          smoke_corpus, seeds, stack):
     """SIGKILL of the trial's process after its 3rd epoch (the OOM killer, a preempted node): Ray restarts it from
-    its last epoch checkpoint (not from epoch 1) in a new process; the sweep completes; its child run has the
-    epochs 1..E exactly once and is FINISHED."""
+    its last epoch checkpoint (not from epoch 1) in a new process; the sweep completes; its child runs (a stacked
+    trial's: one per seed, all restored together) have the epochs 1..E exactly once and are FINISHED."""
     import dataclasses
 
     from pefusion.fusion.trainable import pefusion_trainable
@@ -319,10 +344,11 @@ def test_a_trial_process_killed_mid_training_resumes_from_its_checkpoint(local_r
 
     killer = threading.Thread(target=kill_after_third_epoch, daemon=True)
     killer.start()
-    result = _sweep(smoke_corpus, preset, _grid(seed=[0]), _options(in_tmp, max_failures=2), pefusion_trainable)
+    result = _sweep(smoke_corpus, preset, _grid(seed=seeds), _options(in_tmp, max_failures=2, stack=stack),
+                    pefusion_trainable)
     killer.join()
     assert killed, "the trial finished before it could be killed"
-    assert list(result.rows[R.STATUS]) == [R.STATUS_OK]
+    assert list(result.rows[R.STATUS]) == [R.STATUS_OK] * len(seeds)
 
     reports = [json.loads(ln) for f in storage.glob("pefusion_trainable_*/result.json")
                for ln in f.read_text().splitlines() if ln.strip()]
@@ -332,9 +358,11 @@ def test_a_trial_process_killed_mid_training_resumes_from_its_checkpoint(local_r
     assert 1 < first_after <= killed["epoch"] + 1, (killed, first_after)  # from the checkpoint, not from scratch
     assert max(r[R.EPOCH] for r in reports) == 30
 
-    client, (run,) = _children(result.parent_run_id)
-    assert run.info.status == "FINISHED" and run.data.tags[R.TAG_STATUS] == R.STATUS_OK
-    assert [s for s, _ in _history(client, run, R.TRAIN_LOSS)] == list(range(1, 31))
+    client, runs = _children(result.parent_run_id)
+    assert sorted(int(run.data.params[R.SEED]) for run in runs) == seeds
+    for run in runs:
+        assert run.info.status == "FINISHED" and run.data.tags[R.TAG_STATUS] == R.STATUS_OK
+        assert [s for s, _ in _history(client, run, R.TRAIN_LOSS)] == list(range(1, 31))
 
 
 class _Clock:

@@ -699,3 +699,44 @@ def test_a_trial_that_raises_in_a_search_is_recorded_and_the_search_goes_on(loca
     rows = run_sweep(study, opts, in_tmp / "results").rows
     assert list(rows["status"]) == ["ok", "error", "ok"]
     assert rows.loc[1, "error"] == "ValueError: x = 2 is a bug"
+
+
+def test_a_stacked_grid_is_one_run_per_seed_in_every_record(local_ray, in_tmp, smoke_preset, smoke_corpus):
+    """`stack=True` (`--stack-seeds`): 2 trials train 2 seeds each, and every record holds 4 runs as separate
+    trials would: a CSV row each (keyed `<trial>/seed=<s>`), an MLflow child run each with its own seed, params,
+    per-epoch series, final metrics and best checkpoint (which, loaded here, scores the run's test accuracy), and
+    Table 1's cells count 2 seeds; only the tag `pefusion.stacked_in` names the trial that carried them."""
+    import mlflow
+
+    from pefusion.cli.fusion import aggregate_rows
+    from pefusion.fusion.trainable import load_checkpoint
+
+    result = _sweep(smoke_corpus, smoke_preset, _grid(fusion=["add", "concat"], seed=[0, 1]),
+                    _options(in_tmp, stack=True))
+    rows = result.rows
+    assert len(rows) == 4 and set(rows[R.STATUS]) == {R.STATUS_OK}
+    trials = {key.split("/")[0] for key in rows["trial_id"]}
+    assert len(trials) == 2
+    assert sorted(rows["trial_id"]) == sorted(f"{t}/seed={s}" for t in trials for s in (0, 1))
+    assert sorted(zip(rows[R.FUSION], rows[R.SEED])) == [("add", 0), ("add", 1), ("concat", 0), ("concat", 1)]
+    assert (aggregate_rows(rows).set_index(R.FUSION)["n_seeds"] == 2).all()
+
+    client, runs = _children(result.parent_run_id)
+    assert len(runs) == 4
+    for run in runs:
+        key, seed = run.data.tags[R.TAG_TRIAL_ID], int(run.data.params[R.SEED])
+        assert key == f"{run.data.tags[R.TAG_STACKED]}/seed={seed}" and run.data.tags[R.TAG_STACKED] in trials
+        assert run.info.status == "FINISHED" and run.data.params[R.PRECISION] == "fp32"
+        epochs = int(run.data.metrics[R.EPOCHS_RUN])
+        for name in EPOCH_METRICS:
+            assert [m.step for m in client.get_metric_history(run.info.run_id, name)][:epochs] == \
+                list(range(1, epochs + 1)), name
+        for name in FINAL_METRICS:
+            assert name in run.data.metrics, name
+        row = rows.set_index("trial_id").loc[key]
+        assert run.data.metrics[R.TEST_ACC] == pytest.approx(row[R.TEST_ACC])
+        local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path=R.ARTIFACT_CHECKPOINT_DIR,
+                                                    tracking_uri=resolve_tracking_uri(),
+                                                    dst_path=str(in_tmp / "dl" / run.info.run_id))
+        preds = _predict(load_checkpoint(local), smoke_corpus.test, 64)
+        assert np.mean(preds == smoke_corpus.test.labels) == pytest.approx(run.data.metrics[R.TEST_ACC])

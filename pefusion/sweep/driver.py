@@ -140,8 +140,11 @@ def _interrupted(result: SweepResult, path: Path, study: StudySweep, opts: Sweep
     live.recorder.interrupt_sweep()
     live.recorder.flush()
     statuses = list(result.rows[R.STATUS]) if R.STATUS in result.rows else []
-    n = max(live.total, len(statuses))  # a search makes its trials as it goes: some are not made yet
+    stacked = study.space.stacked_key()  # a stacked trial's rows are its runs
+    per_trial = len(study.space[stacked].values) if stacked else 1
+    # Tune makes its trials as it goes (a search, or a grid under --max-concurrent): some are not made yet
+    n = max(live.total * per_trial, len(statuses))
     finished, running = sum(s in R.FINAL_STATUSES for s in statuses), statuses.count(R.STATUS_INTERRUPTED)
-    what = "run" if study.space.stacked_key() else "trial"  # a stacked trial's rows are its runs
+    what = "run" if stacked else "trial"
     raise SweepInterrupted(f"interrupted: {finished} of {counted(n, what)} finished ({running} running, "
                            f"{n - finished - running} pending); continue with: {opts.resume_command(result.name)}")
