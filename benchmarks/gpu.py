@@ -45,7 +45,12 @@ same documents. One JSON line per configuration, on stdout and in --json-out:
   is the naive way in the same run (every width as it comes, PyTorch's own kernel order: cuDNN's attention first on
   Hopper since torch 2.11).
 
-Every `train`, `packing` and `shapes` line also carries the device (`device`, `device_name`, `torch`), the model
+- `stacked`, per model × precision × `--stacked` S: one trial (fusion add), then S seeds of it trained together
+  as one stacked model (`pefusion.fusion.stacked`), each for one timed epoch after the warm-up steps:
+  `trial_samples_per_s`, `samples_per_s` (all S seeds' samples), `speedup` (their ratio: what stacking gains over
+  one trial on the card), and the peak memory of each (`trial_peak_mem_*_mib`, `peak_mem_*_mib`).
+
+Every `train`, `packing`, `shapes` and `stacked` line also carries the device (`device`, `device_name`, `torch`), the model
 (`model`, `pe_type`, `fusion`, `d_model`, `num_layers`, `max_len`, `batch_size`, `params`), the precision asked
 for (`precision`, e.g. auto) and run (`precision_resolved`), `pad_multiple`, `attention_policy`, `steps`, `warmup`
 and `fp32_matmul_precision` (`torch.backends.cuda.matmul.fp32_precision`: `ieee`, fp32 products without TF32,
@@ -78,6 +83,7 @@ from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 from pefusion.errors import ConfigError
 from pefusion.fusion.config import FUSIONS, PRECISIONS, PRESETS, Preset, smoke_budget
 from pefusion.fusion.device import device_name
+from pefusion.fusion.stacked import StackedTrainer
 from pefusion.fusion.training import Trainer
 
 
@@ -408,6 +414,52 @@ def measure_shapes(plan: Plan, model: str, precision: str, variant: str, n: int,
     return line
 
 
+# --------------------------------------------------------------------------------------------------------------
+# Stacked: the seeds of a cell trained as one model in one process, against one trial
+# --------------------------------------------------------------------------------------------------------------
+
+
+def measure_stacked(plan: Plan, model: str, precision: str, seeds: int, corpus: EncodedCorpus) -> dict[str, Any]:
+    """One `stacked` line: one trial of the model (fusion add), then `seeds` seeds of it trained together as one
+    stacked model (`pefusion.fusion.stacked`, each seed its own data order), each after warm-up steps for one
+    timed epoch of the corpus: samples/s of the one trial and of the seeds together, their ratio, and the peak
+    memory of each."""
+    device = torch.device(plan.device)
+    trainer = build(plan, model, "add", precision, corpus)
+    line = {"bench": "stacked", **describe(plan, model, trainer), "seeds": seeds, "oom": False}
+    model_cfg, train_cfg, n = trainer.model_cfg, trainer.train_cfg, len(corpus.train)
+    try:
+        reset_peak_memory(device)
+        warm_up(plan, trainer, "bucketed")
+        samples, trial_s, _ = timed(lambda: run_steps(trainer, trainer.batches(corpus.train, shuffle=True)))
+        trial_alloc, trial_reserved = peak_memory_mib(device)
+        trainer = None
+        release(device)
+        reset_peak_memory(device)
+        stacked = StackedTrainer(model_cfg, train_cfg, corpus, list(range(plan.seed, plan.seed + seeds)), device)
+
+        def epoch(steps: int | None) -> int:
+            for _ in itertools.islice(stacked.train_steps(), steps):
+                pass
+            synchronize(device)
+            return seeds * n
+
+        epoch(plan.warmup)
+        stacked_samples, stacked_s, _ = timed(lambda: epoch(None))
+        alloc, reserved = peak_memory_mib(device)
+    except torch.OutOfMemoryError as exc:
+        line.update(oom=True, error=str(exc).splitlines()[0])
+        return line
+    finally:
+        trainer = stacked = None
+        release(device)
+    line.update(trial_samples_per_s=samples / trial_s, samples_per_s=stacked_samples / stacked_s,
+                speedup=(stacked_samples / stacked_s) / (samples / trial_s),
+                trial_peak_mem_alloc_mib=trial_alloc, trial_peak_mem_reserved_mib=trial_reserved,
+                peak_mem_alloc_mib=alloc, peak_mem_reserved_mib=reserved)
+    return line
+
+
 def corpus_line(plan: Plan, model: str, corpus: EncodedCorpus) -> dict[str, Any]:
     split = corpus.train
     return {"bench": "corpus", "model": model, "length_dist": LENGTHS[model].describe(), "seed": plan.seed,
@@ -547,6 +599,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--shapes", type=int,
                     help="distinct lengths of the `shapes` lines (new lengths, then seen ones; default 60, with --tiny "
                          "4; 0: no shapes lines)")
+    ap.add_argument("--stacked", type=csv_list(int),
+                    help="seeds trained together in the `stacked` lines, each value a line per model and precision "
+                         "(default 3,5; with --tiny 2; 0: no stacked lines)")
     ap.add_argument("--steps", type=int, help="timed training steps = batches of the corpus (default 20)")
     ap.add_argument("--warmup", type=int, help="untimed steps before them, profiled for the kernel (default 3)")
     ap.add_argument("--latency-repeats", type=int, help="timed eval passes over the corpus (default 3)")
@@ -556,6 +611,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     tiny = args.tiny
     for key, full, small in (("fusions", list(INPUT_FUSIONS), ["add"]), ("packing", [1, 2, 4, 8], [1, 2]),
                              ("precisions", ["auto", "fp32"], ["auto", "bf16"]), ("shapes", 60, 4),
+                             ("stacked", [3, 5], [2]),
                              ("packing_fusions", ["add"], ["add"]), ("steps", 20, 2), ("warmup", 3, 1),
                              ("latency_repeats", 3, 1)):
         if getattr(args, key) is None:
@@ -574,6 +630,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise ConfigError(f"{flag} {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(allowed)}")
     if args.shapes < 0:
         raise ConfigError(f"--shapes {args.shapes} must be >= 0 (0: no shapes lines)")
+    if any(s < 0 for s in args.stacked):
+        raise ConfigError(f"--stacked {','.join(map(str, args.stacked))}: seeds must be >= 0 (0: no stacked lines)")
     for flag, value, why in (("--steps", args.steps, ""), ("--latency-repeats", args.latency_repeats, ""),
                              ("--warmup", args.warmup, " (the warm-up steps show which attention kernel runs)")):
         if value < 1:
@@ -605,6 +663,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for precision in args.precisions:
                 for variant in SHAPE_VARIANTS if args.shapes else ():
                     emit(measure_shapes(plan, model, precision, variant, args.shapes, corpus), out)
+                for seeds in (s for s in args.stacked if s):
+                    emit(measure_stacked(plan, model, precision, seeds, corpus), out)
         configs = [(m, f, p) for m in args.models for f in args.packing_fusions for p in args.precisions]
         fields = {}
         for config in configs:  # what each line says about its configuration, from a trainer built here

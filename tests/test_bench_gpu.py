@@ -20,7 +20,7 @@ GPU_MACHINE_PACKAGES = ("torch", "numpy", "pandas", "pyyaml")
 KERNELS = {"flash", "efficient", "cudnn", "math", "chunked"}
 TINY = {"models": ("arxiv", "agnews_imdb"), "fusions": ("add",), "precisions": ("auto", "bf16"),
         "batchings": ("bucketed", "padded"), "packing": (1, 2), "steps": 2, "warmup": 1, "batch_size": 4,
-        "max_len": 128, "shapes": 4}
+        "max_len": 128, "shapes": 4, "stacked": (2,)}
 RESOLVED_ON_A_CPU = {"auto": "fp32", "bf16": "bf16"}
 
 # Installed in every process of the run (sitecustomize runs at interpreter start, spawned workers included): the
@@ -123,7 +123,10 @@ def test_one_line_per_configuration_on_stdout_and_in_the_file(tiny_run):
     assert sorted(packing) == sorted(itertools.product(TINY["models"], ["add"], TINY["precisions"], TINY["packing"]))
     shapes = [(p["model"], p["precision"], p["variant"]) for p in _by_bench(lines, "shapes")]
     assert sorted(shapes) == sorted(itertools.product(TINY["models"], TINY["precisions"], ("pefusion", "pytorch")))
-    for line in _by_bench(lines, "train") + _by_bench(lines, "packing") + _by_bench(lines, "shapes"):
+    stacked = [(p["model"], p["precision"], p["seeds"]) for p in _by_bench(lines, "stacked")]
+    assert sorted(stacked) == sorted(itertools.product(TINY["models"], TINY["precisions"], TINY["stacked"]))
+    for line in _by_bench(lines, "train") + _by_bench(lines, "packing") + _by_bench(lines, "shapes") + \
+            _by_bench(lines, "stacked"):
         # what each precision ran at on this CPU, with a trial's pad multiple (1 on a CPU) and attention policy
         assert line["precision_resolved"] == RESOLVED_ON_A_CPU[line["precision"]]
         assert line["pad_multiple"] == 1 and "chunked" in line["attention_policy"]
@@ -193,6 +196,15 @@ def test_shapes_lines_time_new_lengths_then_the_same_lengths_seen(tiny_run):
         assert line["oom"] is False and line["lengths"] == TINY["shapes"] == line["widths"], where
         assert line["new_ms_per_step"] > 0 and line["seen_ms_per_step"] > 0, where
         assert line["new_over_seen"] == pytest.approx(line["new_ms_per_step"] / line["seen_ms_per_step"], rel=2e-3)
+
+
+def test_stacked_lines_compare_the_seeds_together_with_one_trial(tiny_run):
+    lines, _, _ = tiny_run
+    for line in _by_bench(lines, "stacked"):
+        where = (line["model"], line["precision"], line["seeds"])
+        assert line["oom"] is False and line["trial_samples_per_s"] > 0 and line["samples_per_s"] > 0, where
+        assert line["speedup"] == pytest.approx(line["samples_per_s"] / line["trial_samples_per_s"], rel=2e-3)
+        assert line["peak_mem_alloc_mib"] is None and line["trial_peak_mem_reserved_mib"] is None  # a CPU
 
 
 def test_shape_lengths_are_distinct_and_a_gpus_pad_multiple_leaves_few_widths():
