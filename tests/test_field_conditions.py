@@ -23,11 +23,10 @@ import pytest
 
 from conftest import REPO, subprocess_env
 from pefusion import record as R
-from study_names import EPOCH_METRICS, TIMING_COLUMNS
+from study_names import EPOCH_METRICS, TIMING_COLUMNS, TIMING_METRICS
 
 GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "8", "--pe-types", "sinusoidal,learned",
         "--fusions", "add,concat", "--seeds", "0", "--max-concurrent", "1", "--num-cpus", "2", "--no-dashboard"]
-TIMING_METRICS = {R.LAT_MS_MEAN, R.LAT_MS_STD, R.TRAIN_TIME_S}
 INTERRUPTED_LINE = re.compile(r"^interrupted: (\d+) of (\d+) trials? finished \((\d+) running, (\d+) pending\); "
                               r"continue with: (.+)$")
 
@@ -295,7 +294,7 @@ def test_a_trial_process_killed_mid_training_resumes_from_its_checkpoint(local_r
                                                                           smoke_corpus):
     """SIGKILL of the trial's process after its 3rd epoch (the OOM killer, a preempted node): Ray restarts it from
     its last epoch checkpoint (not from epoch 1) in a new process; the sweep completes; its child run has the
-    epochs 1..E exactly once and is FINISHED."""
+    epochs 1..E exactly once and is FINISHED, its wall time summed over both processes."""
     import dataclasses
 
     from pefusion.fusion.trainable import pefusion_trainable
@@ -335,6 +334,12 @@ def test_a_trial_process_killed_mid_training_resumes_from_its_checkpoint(local_r
     client, (run,) = _children(result.parent_run_id)
     assert run.info.status == "FINISHED" and run.data.tags[R.TAG_STATUS] == R.STATUS_OK
     assert [s for s, _ in _history(client, run, R.TRAIN_LOSS)] == list(range(1, 31))
+    # the trial's clock went on from its checkpoint: its wall time per epoch never falls back at the restart, and
+    # from its first process's start to its end is at least that wall time (the killed process's seconds in it)
+    walls = [v for s, v in _history(client, run, R.WALL_S) if s <= 30]
+    assert walls == sorted(walls)
+    metrics = run.data.metrics
+    assert metrics[R.ENDED_AT] - metrics[R.STARTED_AT] >= metrics[R.WALL_S] > walls[-1]
 
 
 class _Clock:
