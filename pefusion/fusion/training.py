@@ -88,6 +88,9 @@ class Trainer:
 
     def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, corpus: EncodedCorpus,
                  device: torch.device | None = None) -> None:
+        # The trial's clock: its first start (Unix s) and the wall seconds of its earlier processes (a restored
+        # state's), to which this process adds its own from now, building the model included (`wall_s`).
+        self.started_at, self.wall_before_s, self.process_start = time.time(), 0.0, time.monotonic()
         self.model_cfg, self.train_cfg, self.corpus = model_cfg, train_cfg, corpus
         # precision and pad multiple resolved on this device, its TF32 and attention-kernel flags set
         self.placement = place(device or select_device(train_cfg.device), train_cfg.precision, train_cfg.pad_multiple)
@@ -113,9 +116,6 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         # What an epoch trains on: every training document once, and its kept tokens (the rates' numerators).
         self.epoch_samples, self.epoch_tokens = len(corpus.train), int(corpus.train.lengths.sum())
-        # The trial's clock: its first start (Unix s) and the wall seconds of its earlier processes (a restored
-        # state's), to which this process adds its own from now (`wall_s`).
-        self.started_at, self.wall_before_s, self.process_start = time.time(), 0.0, time.monotonic()
 
     def make_optimizer(self, params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
         """The trial's optimiser over `params` (this model's, or the stacked parameters of several seeds: Adam is
