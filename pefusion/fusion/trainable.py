@@ -107,8 +107,11 @@ def stacked_trial(config: dict[str, Any], *, corpora: Mapping[str, EncodedCorpus
         _report_with_files({R.EPOCH: epoch, R.NODE: node, R.RUNS: runs},
                            lambda folder: torch.save(stacked.state_dict(), folder / TRAINER_STATE))
     records = stacked.final_records(length_edges)
+    # Every run's clock is the trial's (its first seed built first, the last seed tested last): each held its share
+    # of the trial's resources from the trial's start to its end.
+    clock = stacked.lead.clock()
     final = {R.STATUS: R.STATUS_OK, R.ERROR: "", R.EPOCH: max(t.epoch for t in stacked.trainers.values()),
-             R.NODE: node, R.RUNS: {str(seed): {**record, R.TRIAL_INFO: about[seed][R.TRIAL_INFO]}
+             R.NODE: node, R.RUNS: {str(seed): {**record, **clock, R.TRIAL_INFO: about[seed][R.TRIAL_INFO]}
                                     for seed, record in records.items()}}
 
     def files(folder: Path) -> None:
