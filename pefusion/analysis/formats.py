@@ -184,8 +184,7 @@ HEADERS = {
     "train_samples_per_s_mean": "training samples / s", "train_tokens_per_s_mean": "training tokens / s",
     "epoch_s_mean": "epoch (s)", "peak_mem_alloc_mib_max": "peak allocated (MiB)",
     "peak_mem_reserved_mib_max": "peak reserved (MiB)", "wall_s": "wall (s)", "device_name": "device",
-    "precision": "precision", "gpu_share": "GPU share", "cpu_share": "CPU share", "gpu_hours": "GPU-hours",
-    "cpu_hours": "CPU-hours",
+    "gpu_share": "GPU share", "cpu_share": "CPU share", "gpu_hours": "GPU-hours", "cpu_hours": "CPU-hours",
 }
 THEORY_HEADER = ", d → ∞ theory"
 
