@@ -42,6 +42,21 @@ EPOCHS_RUN = "epochs_run"  # also the epochs a stopped or interrupted trial of a
 LENGTH_METRIC_PREFIX = "test_acc_len_"
 LENGTH_COUNT_PREFIX = "test_n_len_"  # documents per length bucket, so empty buckets are visible
 
+# --- what a trial costs (timing: differs between two identical runs, so left out wherever they are compared) --
+# Per epoch (step = epoch), from the epoch's own clock: every training document is seen once per epoch, so the
+# rates are the training split's documents and kept tokens (no padding) over the epoch's training seconds (a
+# stacked seed: its own documents over the stack's training seconds).
+TRAIN_SAMPLES_PER_S = "train_samples_per_s"
+TRAIN_TOKENS_PER_S = "train_tokens_per_s"
+EPOCH_S = "epoch_s"  # the epoch's wall seconds: training and validation
+PEAK_MEM_ALLOC_MIB = "peak_mem_alloc_mib"  # CUDA only: torch's peak allocated memory in the epoch, MiB (2**20 B)
+PEAK_MEM_RESERVED_MIB = "peak_mem_reserved_mib"  # ... and reserved (what the process held on the card)
+# The trial's wall seconds, summed over the processes that ran it (a retry, a resume): per epoch so far, and in
+# its final record; and its first start and final end, Unix seconds (final record only).
+WALL_S = "wall_s"
+STARTED_AT = "started_at"
+ENDED_AT = "ended_at"
+
 # --- outcome of a trial ---------------------------------------------------------------------------------------
 STATUS = "status"  # a key of the final record and an MLflow tag
 STATUS_OK = "ok"
@@ -74,6 +89,10 @@ PRECISION = "precision"  # fp32, tf32 or bf16 (the config's `auto` resolved)
 PAD_MULTIPLE = "pad_multiple"  # batch widths were rounded up to a multiple of this (the config's 0 resolved)
 ATTENTION = "attention"  # the attention kernels the trial's process let PyTorch pick
 VISIBLE_DEVICES = "visible_devices"  # CUDA_VISIBLE_DEVICES as Ray set it for the trial
+# The share of Ray's resources the run was given: the trial's GPUs and CPUs, divided among the runs it carries,
+# so that the sum over runs of WALL_S × share counts each trial once (GPU-hours, CPU-hours).
+GPU_SHARE = "gpu_share"
+CPU_SHARE = "cpu_share"
 
 # --- MLflow tags ----------------------------------------------------------------------------------------------
 TAG_PARENT = "mlflow.parentRunId"

@@ -23,14 +23,13 @@ import pytest
 
 from conftest import REPO, subprocess_env
 from pefusion import record as R
-from study_names import EPOCH_METRICS, TIMING_COLUMNS
+from study_names import EPOCH_METRICS, TIMING_COLUMNS, TIMING_METRICS
 
 GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "8", "--pe-types", "sinusoidal,learned",
         "--fusions", "add,concat", "--seeds", "0", "--max-concurrent", "1", "--num-cpus", "2", "--no-dashboard"]
 # The same 4 cells with 2 seeds each trained together: 4 trials carrying 8 runs.
 STACKED = [*GRID[:GRID.index("--seeds")], "--seeds", "0,1", "--stack-seeds", *GRID[GRID.index("--seeds") + 2:]]
 GRIDS = {"separate": (GRID, 1), "stacked": (STACKED, 2)}  # the flags, and the runs each trial carries
-TIMING_METRICS = {R.LAT_MS_MEAN, R.LAT_MS_STD, R.TRAIN_TIME_S}
 INTERRUPTED_LINE = re.compile(r"^interrupted: (\d+) of (\d+) (?:trials?|runs?) finished \((\d+) running, (\d+) "
                               r"pending\); continue with: (.+)$")
 
@@ -320,7 +319,8 @@ def test_a_trial_process_killed_mid_training_resumes_from_its_checkpoint(local_r
                                                                           smoke_corpus, seeds, stack):
     """SIGKILL of the trial's process after its 3rd epoch (the OOM killer, a preempted node): Ray restarts it from
     its last epoch checkpoint (not from epoch 1) in a new process; the sweep completes; its child runs (a stacked
-    trial's: one per seed, all restored together) have the epochs 1..E exactly once and are FINISHED."""
+    trial's: one per seed, all restored together) have the epochs 1..E exactly once and are FINISHED, their wall
+    time summed over both processes."""
     import dataclasses
 
     from pefusion.fusion.trainable import pefusion_trainable
@@ -363,6 +363,13 @@ def test_a_trial_process_killed_mid_training_resumes_from_its_checkpoint(local_r
     for run in runs:
         assert run.info.status == "FINISHED" and run.data.tags[R.TAG_STATUS] == R.STATUS_OK
         assert [s for s, _ in _history(client, run, R.TRAIN_LOSS)] == list(range(1, 31))
+        # the trial's clock went on from its checkpoint: its wall time per epoch never falls back at the restart,
+        # and from its first process's start to its end is at least that wall time (the killed process's seconds
+        # in it)
+        walls = [v for s, v in _history(client, run, R.WALL_S) if s <= 30]
+        assert walls == sorted(walls)
+        metrics = run.data.metrics
+        assert metrics[R.ENDED_AT] - metrics[R.STARTED_AT] >= metrics[R.WALL_S] > walls[-1]
 
 
 class _Clock:

@@ -3,6 +3,7 @@ ASHA, and the bad-input matrix (rejected before Ray starts)."""
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -177,6 +178,9 @@ def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, 
         final_step = [epochs + 1] if name == R.VAL_ACC else []
         assert ([m.step for m in client.get_metric_history(run.info.run_id, name)]
                 == list(range(1, epochs + 1)) + final_step)
+    for name in (R.TRAIN_SAMPLES_PER_S, R.TRAIN_TOKENS_PER_S, R.EPOCH_S):  # what each epoch cost, once each
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == list(range(1, epochs + 1))
+    assert (params[R.GPU_SHARE], params[R.CPU_SHARE]) == ("0.0", "1.0")  # a trial of one run: all Ray gave it
     assert run.data.metrics[R.VAL_ACC] == run.data.metrics[R.BEST_VAL_ACC]
     assert any(k.startswith(R.LENGTH_METRIC_PREFIX) for k in run.data.metrics)
     assert run.data.metrics[R.TEST_ACC] == pytest.approx(rows.loc[0, R.TEST_ACC])
@@ -195,6 +199,61 @@ def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, 
     parent_files = {a.path for a in client.list_artifacts(result.parent_run_id, R.ARTIFACT_RESULTS_DIR)}
     # the one driver ends every sweep alike: its CSVs (the ones it wrote) are on the parent run
     assert parent_files == {f"{R.ARTIFACT_RESULTS_DIR}/{p.name}" for p in result.paths}
+
+
+def test_every_epoch_of_a_run_records_its_cost_by_the_tests_own_count_and_clock(local_ray, in_tmp, smoke_preset,
+                                                                               smoke_corpus):
+    """Two seeds stacked in one trial of 0.5 GPU and 1 CPU (a trial of one run: the contract test below). Each
+    run's MLflow series: training samples/s, tokens/s and the epoch's seconds, one point per epoch. Against the
+    documents and non-pad tokens this test counts in the corpus and its own clock around the sweep: the training
+    seconds a rate implies fit in the epoch's, are the same for both seeds (the stack's seconds over each seed's
+    own documents), add up to the run's training time, and the epochs fit in its wall time, which fits in this
+    test's, as do its start and end. Each run names its device and half the trial's GPUs and CPUs, so that the
+    sum over runs of wall time × share counts the trial once; the report's compute table holds the mean of its
+    epochs."""
+    from pefusion.analysis import compute as CO
+    from pefusion.analysis import runs as RU
+    from pefusion.fusion.config import RULES
+    from pefusion.fusion.device import device_name
+    from pefusion.sweep.space import parse_search_space
+
+    space = parse_search_space({R.SEED: {"stack": [0, 1]}, "early_stopping": False}, RULES)
+    started, start = time.time(), time.monotonic()
+    result = _sweep(smoke_corpus, smoke_preset, space, _options(in_tmp, gpus_per_trial=0.5))
+    held, ended = time.monotonic() - start, time.time()
+    documents = len(smoke_corpus.train)
+    tokens = sum(int((b.tokens != 0).sum()) for b in iter_batches(smoke_corpus.train, 7, shuffle=False))
+    client, runs = _children(result.parent_run_id)
+    assert len(runs) == 2 and len({r.data.tags[R.TAG_STACKED] for r in runs}) == 1
+    per_run = []
+    for run in runs:
+        metrics, params, epochs = run.data.metrics, run.data.params, int(run.data.metrics[R.EPOCHS_RUN])
+        series = {name: [m.value for m in sorted(client.get_metric_history(run.info.run_id, name),
+                                                 key=lambda m: m.step)]
+                  for name in (R.TRAIN_SAMPLES_PER_S, R.TRAIN_TOKENS_PER_S, R.EPOCH_S)}
+        assert {name: len(values) for name, values in series.items()} == dict.fromkeys(series, epochs)
+        implied = [documents / rate for rate in series[R.TRAIN_SAMPLES_PER_S]]
+        per_run.append(implied)
+        assert all(0 < s <= e for s, e in zip(implied, series[R.EPOCH_S]))
+        assert sum(implied) == pytest.approx(metrics[R.TRAIN_TIME_S], rel=1e-9)
+        assert [r * s for r, s in zip(series[R.TRAIN_TOKENS_PER_S], implied)] == pytest.approx([tokens] * epochs)
+        assert min(series[R.TRAIN_SAMPLES_PER_S]) >= documents / held
+        assert sum(series[R.EPOCH_S]) <= metrics[R.WALL_S] <= held
+        assert started <= metrics[R.STARTED_AT] < metrics[R.ENDED_AT] <= ended
+        assert (params[R.DEVICE_NAME], params[R.GPU_SHARE], params[R.CPU_SHARE]) == \
+            (device_name(torch.device("cpu")), "0.25", "0.5")
+        assert R.PEAK_MEM_RESERVED_MIB not in metrics  # on a CPU
+    assert per_run[0] == pytest.approx(per_run[1], rel=1e-12)
+    span = max(r.data.metrics[R.ENDED_AT] for r in runs) - min(r.data.metrics[R.STARTED_AT] for r in runs)
+    assert sum(r.data.metrics[R.WALL_S] * 0.25 for r in runs) == pytest.approx(span * 0.5, rel=1e-3)
+
+    sweep = RU.load_sweep(resolve_tracking_uri(), "pe-fusion", result.parent_run_id)
+    table = CO.compute_table(sweep.trials, RU.epoch_points(sweep, CO.SERIES)).set_index(RU.TRIAL_ID)
+    for run in runs:
+        rates = [m.value for m in client.get_metric_history(run.info.run_id, R.TRAIN_SAMPLES_PER_S)]
+        row = table.loc[run.data.tags[R.TAG_TRIAL_ID]]
+        assert row[f"{R.TRAIN_SAMPLES_PER_S}_mean"] == pytest.approx(np.mean(rates))
+        assert row[CO.GPU_HOURS] == pytest.approx(run.data.metrics[R.WALL_S] * 0.25 / 3600)
 
 
 def test_arxiv_grid_script_end_to_end(local_ray, in_tmp, cache_dir, capsys):

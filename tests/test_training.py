@@ -15,9 +15,7 @@ from pefusion.data.config import DataConfig
 from pefusion.data.corpus import load_corpus
 from pefusion.fusion.config import PRESETS
 from pefusion.fusion.training import Trainer, length_bucket_accuracy, macro_f1, train_and_evaluate
-from study_names import FINAL_METRICS
-
-TIMING = {R.LAT_MS_MEAN, R.LAT_MS_STD, R.TRAIN_TIME_S}
+from study_names import FINAL_METRICS, TIMING_METRICS
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +27,7 @@ def one_thread():
 
 
 def _without_timing(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k not in TIMING}
+    return {k: v for k, v in record.items() if k not in TIMING_METRICS}
 
 
 def _cfgs(preset, **train):
@@ -61,6 +59,48 @@ def test_resumed_trainer_continues_bit_identically(smoke_preset, smoke_corpus):
     record = train_and_evaluate(model, train, smoke_corpus, length_edges=edges, trainer=resumed)
     assert _without_timing(record) == _without_timing(straight)
     assert len(resumed.history) == 3
+
+
+def test_an_epochs_rates_are_its_documents_and_tokens_over_its_training_seconds(smoke_preset, smoke_corpus):
+    """Counted here: the training split's documents and their non-pad tokens (every one seen once an epoch);
+    timed here: each epoch, around `train_epoch`. The training seconds a rate implies fit inside the epoch's
+    seconds, which fit inside this test's clock, and add up to the trial's training time."""
+    model, train = _cfgs(smoke_preset, max_epochs=2, early_stopping=False)
+    trainer = Trainer(model, train, smoke_corpus)
+    documents = len(smoke_corpus.train)
+    tokens = sum(int((b.tokens != 0).sum()) for b in iter_batches(smoke_corpus.train, 7, shuffle=False))
+    implied = []
+    for _ in range(2):
+        start = time.monotonic()
+        metrics = trainer.train_epoch()
+        held = time.monotonic() - start
+        implied.append(documents / metrics[R.TRAIN_SAMPLES_PER_S])
+        assert 0 < implied[-1] <= metrics[R.EPOCH_S] <= held
+        assert metrics[R.TRAIN_TOKENS_PER_S] * implied[-1] == pytest.approx(tokens, rel=1e-12)
+        assert R.PEAK_MEM_RESERVED_MIB not in metrics  # a CPU has no device memory to report
+    assert sum(implied) == pytest.approx(trainer.train_time_s, rel=1e-12)
+
+
+def test_a_restored_trainer_adds_its_wall_time_to_the_checkpoints(smoke_preset, smoke_corpus):
+    """The trial's clock across a restart, by this test's clock: the restored trial keeps its first start and
+    adds its own seconds to the saved ones; the time between the two processes, when nothing ran, is not
+    counted."""
+    model, train = _cfgs(smoke_preset, max_epochs=3, early_stopping=False)
+    started, start = time.time(), time.monotonic()
+    first = Trainer(model, train, smoke_corpus)
+    first.train_epoch()
+    state = first.state_dict()
+    first_s = time.monotonic() - start
+    time.sleep(0.5)  # the trial is down: no process runs it
+    start = time.monotonic()
+    resumed = Trainer(model, train, smoke_corpus)
+    resumed.load_state_dict(state)
+    record = train_and_evaluate(model, train, smoke_corpus, length_edges=smoke_preset.data.length_edges,
+                                trainer=resumed)
+    second_s = time.monotonic() - start
+    assert 0 < state[R.WALL_S] <= first_s
+    assert second_s < record[R.WALL_S] <= first_s + second_s
+    assert started <= record[R.STARTED_AT] == state[R.STARTED_AT] < record[R.ENDED_AT] - 0.5
 
 
 def test_non_finite_loss_stops_and_reports_diverged(smoke_preset, smoke_corpus):

@@ -10,7 +10,7 @@ against α, λ* against α, and the (α, ω) phase diagram with the published α
 the d → ∞ theory (student_tables.with_theory, theory_alpha_c) it is drawn dashed beside the simulated points.
 Published curves are arguments (dict ω → α), so the figures do not depend on where the constants live.
 Hyperparameter search: each trial's score against the searched keys, parallel coordinates, and the epochs per
-trial against max_t.
+trial against max_t. Any sweep: what the machine's CPU and GPUs were busy with over its time.
 """
 from __future__ import annotations
 
@@ -539,4 +539,32 @@ def search_budget_figure(budget: S.Budget) -> Figure:
     ax.legend(handles=handles, fontsize=7, loc="upper right")
     ax.set_title(f"epochs trained: {budget.epochs_trained:.0f} of {budget.epochs_full_budget:.0f} "
                  f"({100 * budget.fraction:.1f} %)", fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Any sweep: the machine
+# ---------------------------------------------------------------------------------------------------------
+
+
+def utilisation_figure(points: pd.DataFrame) -> Figure | None:
+    """The CPU's utilisation and each GPU's busy time (%) against the minutes since the first sample, one line
+    per metric of `points` (runs.system_points: name, timestamp in Unix ms, value); None without samples."""
+    if points.empty:
+        return None
+    fig, axes = new_figure(size=(7.0, 3.6))
+    ax = axes[0, 0]
+    start = points["timestamp"].min()
+    for (name, rows), color in zip(points.groupby("name", sort=False), _colors(points["name"].nunique())):
+        rows = rows.sort_values("timestamp")
+        label = "the machine's CPU utilisation" if name == R.SYSTEM_CPU else \
+            f"GPU {name[len(R.SYSTEM_PREFIX + 'gpu_'):].split('_')[0]} busy time"
+        ax.plot((rows["timestamp"] - start) / 60_000, rows["value"], color=color, lw=1.2, marker=".", ms=3,
+                label=label)
+    ax.set_xlabel("minutes since the first sample")
+    ax.set_ylabel("%")
+    ax.set_ylim(0, 105)
+    ax.legend(fontsize=7, loc="lower right")
+    if points["name"].ne(R.SYSTEM_CPU).any():
+        ax.set_title(R.GPU_BUSY_LABEL, fontsize=7)
     return fig

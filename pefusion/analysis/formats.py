@@ -63,12 +63,13 @@ FRACTION_COLUMNS = (R.TEST_ACC, R.VAL_ACC, R.BEST_VAL_ACC, R.TEST_MACRO_F1)
 PERCENT_COLUMNS = ("test_acc_mean", "test_acc_std", "published_mean", "published_std")
 POINTS_COLUMNS = ("delta_mean", "delta_std", "ci95_low", "ci95_high")
 # Unix seconds (a trial's record) and Unix milliseconds (MLflow's start_time): written as ISO 8601, UTC.
-SECONDS_TIMES, MILLISECOND_TIMES = ("started_at", "ended_at"), ("start_time",)
+SECONDS_TIMES, MILLISECOND_TIMES = (R.STARTED_AT, R.ENDED_AT), ("start_time",)
 PVALUE_COLUMNS = ("t_pvalue", "wilcoxon_pvalue", "wilcoxon_min_p")
 # Decimals per unit: accuracies in % from a few hundred test documents (one document of 500 is 0.2 points),
-# latency in ms per sample, seconds of wall time, fANOVA shares, α_c estimates.
-DECIMALS = {PCT: 2, PP: 2, "ms": 3, "s": 2, "share": 3, "alpha": 3}
-SIGNIFICANT = {"p": 2, "student": 5}  # p-values; the student study's errors and order parameters (ε, m, θ)
+# latency in ms per sample, seconds of wall time, fANOVA shares, α_c estimates, rates per second, MiB.
+DECIMALS = {PCT: 2, PP: 2, "ms": 3, "s": 2, "share": 3, "alpha": 3, "per_s": 1, "mib": 1}
+# p-values; the student study's errors and order parameters (ε, m, θ); GPU- and CPU-hours (a demo's are 0.05)
+SIGNIFICANT = {"p": 2, "student": 5, "h": 3}
 _STUDENT = re.compile(r"^(delta_)?(eps_g|eps_t|eps_lin|m|theta|cv_error)(_|$)")
 
 
@@ -79,8 +80,14 @@ def _unit(name: str) -> str | None:
         return name[-4:] if name.endswith(PCT) else PP
     if name.startswith("lat_ms"):
         return "ms"
-    if name in (R.TRAIN_TIME_S, R.SECONDS, "wall_s"):
+    if name.startswith((R.TRAIN_SAMPLES_PER_S, R.TRAIN_TOKENS_PER_S)):
+        return "per_s"
+    if name in (R.TRAIN_TIME_S, R.SECONDS, R.WALL_S) or name.startswith(R.EPOCH_S):
         return "s"
+    if name.startswith((R.PEAK_MEM_ALLOC_MIB, R.PEAK_MEM_RESERVED_MIB)):
+        return "mib"
+    if name.endswith("_hours"):
+        return "h"
     if name in PVALUE_COLUMNS:
         return "p"
     if name == "importance":
@@ -174,6 +181,10 @@ HEADERS = {
     "delta_eps_t": "Δε_t", "lower_train_loss": "lower training loss", "n_alpha": "α points",
     "alpha_c_estimate": "α_c, estimated here", "alpha_c_published": "α_c, paper (d → ∞)",
     "alpha_c_theory": "α_c, theory (d → ∞)",
+    "train_samples_per_s_mean": "training samples / s", "train_tokens_per_s_mean": "training tokens / s",
+    "epoch_s_mean": "epoch (s)", "peak_mem_alloc_mib_max": "peak allocated (MiB)",
+    "peak_mem_reserved_mib_max": "peak reserved (MiB)", "wall_s": "wall (s)", "device_name": "device",
+    "gpu_share": "GPU share", "cpu_share": "CPU share", "gpu_hours": "GPU-hours", "cpu_hours": "CPU-hours",
 }
 THEORY_HEADER = ", d → ∞ theory"
 
@@ -209,7 +220,7 @@ def length_labels(buckets: list[str]) -> list[str]:
 # How a cell of each unit is shown (see `_unit`); unitless numbers get 4 significant figures, large whole ones
 # thousands separators (parameter counts).
 SHOWN = {PCT: ".1f", PP: ".1f", "p": ".2g", "ms": ".3f", "s": ".1f", "share": ".3f", "alpha": ".3g",
-         "student": ".4g"}
+         "student": ".4g", "per_s": ",.0f", "mib": ",.0f", "h": ".3g"}
 
 
 def number(value, unit: str | None) -> str:

@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Sequence
 import pandas as pd
 
 from pefusion import record as R
+from pefusion.analysis import compute as CO
 from pefusion.analysis import figures as F
 from pefusion.analysis import formats as FM
 from pefusion.analysis import fusion_tables as FT
@@ -304,6 +305,48 @@ def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None, al
     return parts, written + figures
 
 
+def compute_line(totals: CO.Totals) -> str:
+    """The sweep's cost in one line: its runs and devices, wall time, GPU-hours and CPU-hours, and how they are
+    counted."""
+    wall = "not recorded" if pd.isna(totals.wall_s) else \
+        f"{totals.wall_s:.0f} s ({totals.wall_s / 3600:.3g} h)"
+    unpriced = f" {totals.unpriced} runs recorded no wall time or share and are left out of the hours." \
+        if totals.unpriced else ""
+    return (f"{totals.runs} runs on {', '.join(totals.devices) or 'devices not recorded'}. Sweep wall time {wall}, "
+            f"from the first run's start to the last run's end (the trials' own clocks). GPU-hours "
+            f"{totals.gpu_hours:.3g}, CPU-hours {totals.cpu_hours:.3g}: the sum over runs of wall × share ÷ 3600, "
+            f"a run's wall summed over the processes that ran it (retries and resumes), its share the part of its "
+            f"trial's GPUs or CPUs Ray gave it.{unpriced}")
+
+
+def compute_section(trials: pd.DataFrame, epochs: pd.DataFrame, system: pd.DataFrame,
+                    out: Path) -> tuple[list[str], list[Path]]:
+    """The compute section and its files: per run its speed, epoch time, peak memory, where it ran and its hours
+    (compute_runs.csv; `epochs`: runs.epoch_points of compute.SERIES), the sweep's totals, and the machine's
+    utilisation over the sweep when its parent run has system metrics (`system`: runs.system_points). Nothing
+    when the runs recorded no cost and there are no system metrics."""
+    table = CO.compute_table(trials, epochs)
+    figure = F.utilisation_figure(system)
+    if table.empty and figure is None:
+        return [], []
+    parts, written = ["<h2>Compute</h2>"], []
+    if len(table):
+        written.append(FM.write_csv(table, out / "compute_runs.csv"))
+        parts.append(f"<p><b>{html.escape(compute_line(CO.totals(trials, table)))}</b></p>")
+        named = len(table.columns.intersection(SE.varied_keys(trials)))
+        parts.append(_table_html(FM.display(table, drop=(RU.TRIAL_ID,) if named else ()),
+                                 "Per run: training samples and tokens per second and the epoch's seconds "
+                                 "(training and validation), means over its epochs (an epoch trains on every "
+                                 "training document once); the peak memory torch held on the GPU in any epoch "
+                                 "(CUDA runs only); its wall time and hours."))
+    if figure is not None:
+        png = F.save_figure(figure, out / "figures", "utilisation")
+        written.append(png)
+        parts.append(_image_html(png, "MLflow's system metrics of the sweep's parent run: the whole machine's CPU "
+                                      f"and each GPU as NVML sees it, every process included. {R.GPU_BUSY_LABEL}."))
+    return parts, written
+
+
 def budget_line(budget: SE.Budget, scheduler: str | None) -> str:
     """'ASHA trained E of F epochs (P %)', and where the numbers come from."""
     who = {"asha": "ASHA", "fifo": "FIFO (no early stopping)"}.get(scheduler or "", "The search")
@@ -421,6 +464,9 @@ def build_report(sweep: RU.Sweep, out: str | Path = "results", baseline: str = "
         parts, written = _student_sections(sweep.trials, out, alpha_c, alpha_l, theory, say)
     else:
         parts, written = _search_sections(sweep, out)
+    costs, files = compute_section(sweep.trials, RU.epoch_points(sweep, CO.SERIES),
+                                   RU.system_points(sweep, CO.utilisation_names(sweep.parent_metrics)), out)
+    parts, written = parts + costs, written + files
     remarks = notes(sweep)
     page = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",

@@ -224,6 +224,31 @@ def _best_val_acc_of_stopped(client, trials: pd.DataFrame) -> None:
         trials.loc[list(best), R.BEST_VAL_ACC] = list(best.values())
 
 
+def epoch_points(sweep: Sweep, names: Sequence[str]) -> pd.DataFrame:
+    """The per-epoch points of the metrics `names` of every trial run of `sweep` that has them: one row per
+    (run_id, epoch), a column per name (NaN where a run has no point of it). One read per run and name."""
+    trials = sweep.trials
+    wanted = [(run_id, name) for name in names for run_id in trials.loc[column(trials, name).notna(), RUN_ID]]
+    client = mlflow_client(sweep.tracking_uri) if wanted else None  # (none opened, none made, for nothing to read)
+    points: dict[tuple[str, int], dict[str, float]] = {}
+    for run_id, name in wanted:
+        for m in client.get_metric_history(run_id, name):
+            if m.step >= 1:  # (step 0 holds final values)
+                points.setdefault((run_id, m.step), {})[name] = m.value
+    index = pd.MultiIndex.from_tuples(list(points), names=[RUN_ID, R.EPOCH])
+    return pd.DataFrame(list(points.values()), index=index, columns=list(names)).sort_index().reset_index()
+
+
+def system_points(sweep: Sweep, names: Sequence[str]) -> pd.DataFrame:
+    """The samples of the sweep's parent-run metrics `names` that it has (MLflow's system metrics): one row per
+    sample, columns name, timestamp (Unix ms) and value; empty without a parent run or such metrics."""
+    rows, present = [], [n for n in names if n in sweep.parent_metrics] if sweep.parent_run_id else []
+    for name in present:
+        history = mlflow_client(sweep.tracking_uri).get_metric_history(sweep.parent_run_id, name)
+        rows += [(name, m.timestamp, m.value) for m in history]
+    return pd.DataFrame(rows, columns=["name", "timestamp", "value"])
+
+
 def load_trial_runs(tracking_uri: str | None, experiment: str, parent_run: str | None = None) -> pd.DataFrame:
     """Every finished trial run of the experiment (or of one sweep parent run) as a DataFrame, see runs_frame."""
     return load_sweep(tracking_uri, experiment, parent_run).trials

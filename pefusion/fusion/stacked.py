@@ -35,7 +35,7 @@ from pefusion.data.batching import Batch, batch_width, to_device
 from pefusion.data.encoded import EncodedCorpus
 from pefusion.fusion.config import ModelConfig, TrainConfig
 from pefusion.fusion.model import PEFusionClassifier, SelfAttention
-from pefusion.fusion.training import Diverged, Trainer
+from pefusion.fusion.training import Diverged, Trainer, epoch_start
 
 
 class StackedTrainer:
@@ -155,7 +155,7 @@ class StackedTrainer:
         """One epoch of every active seed, then each seed's own validation and early stopping; a seed whose loss
         became non-finite is recorded as diverged. Returns each seed's epoch metrics (diverged seeds: none), and
         drops the seeds that stopped from the stack."""
-        start = time.perf_counter()
+        start = epoch_start(self.device)  # (resets the device's peak memory, which each seed's end_epoch reads)
         loss_sum = torch.zeros(len(self.active), dtype=torch.float64, device=self.device)
         n_seen = np.zeros(len(self.active))
         for losses, sizes in self.train_steps():

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -70,7 +69,6 @@ def pefusion_trainable(config: dict[str, Any], *, corpora: Mapping[str, EncodedC
     torch.set_num_threads(max(1, int(cpus)))
     if isinstance(config.get(R.SEED), list):
         return stacked_trial(config, corpora=corpora, base=base, length_edges=length_edges)
-    started = time.time()
     model_cfg, train_cfg = split_trial_config(config, base)
     trainer = Trainer(model_cfg, train_cfg, corpora[trial_data(config, base).tokenizer_setting])
     about = _about(trainer)
@@ -86,7 +84,7 @@ def pefusion_trainable(config: dict[str, Any], *, corpora: Mapping[str, EncodedC
     if final[R.STATUS] == R.STATUS_DIVERGED:  # the optimised metric too, as a search needs it in every result
         tune.report({**final, **about, R.VAL_ACC: float("nan")})
         return
-    final.update(started_at=started, ended_at=time.time(), **{R.EPOCH: trainer.epoch}, **about)
+    final.update({R.EPOCH: trainer.epoch}, **about)
     _report_with_files(final, lambda folder: _write_final(folder, trainer, final))
 
 
@@ -95,11 +93,10 @@ def stacked_trial(config: dict[str, Any], *, corpora: Mapping[str, EncodedCorpus
     """The seeds of `config[seed]` trained together (`pefusion.fusion.stacked`), one run each: every report
     carries each seed's part under `record.RUNS` (an epoch: the seeds still training; the end: every seed's
     record), the checkpoint holds them all, and the final one a folder per seed with its best model."""
-    started = time.time()
     seeds = [int(s) for s in config[R.SEED]]
     model_cfg, train_cfg = split_trial_config({**config, R.SEED: seeds[0]}, base)
     stacked = StackedTrainer(model_cfg, train_cfg, corpora[trial_data(config, base).tokenizer_setting], seeds)
-    about = {seed: _about(trainer) for seed, trainer in stacked.trainers.items()}
+    about = {seed: _about(trainer, runs=len(seeds)) for seed, trainer in stacked.trainers.items()}
     node = about[seeds[0]][R.NODE]
     if _finished_or_restored(stacked):
         return
@@ -110,10 +107,12 @@ def stacked_trial(config: dict[str, Any], *, corpora: Mapping[str, EncodedCorpus
         _report_with_files({R.EPOCH: epoch, R.NODE: node, R.RUNS: runs},
                            lambda folder: torch.save(stacked.state_dict(), folder / TRAINER_STATE))
     records = stacked.final_records(length_edges)
+    # Every run's clock is the trial's (its first seed built first, the last seed tested last): each held its share
+    # of the trial's resources from the trial's start to its end.
+    clock = stacked.lead.clock()
     final = {R.STATUS: R.STATUS_OK, R.ERROR: "", R.EPOCH: max(t.epoch for t in stacked.trainers.values()),
-             R.NODE: node, "started_at": started, "ended_at": time.time(),
-             R.RUNS: {str(seed): {**record, R.TRIAL_INFO: about[seed][R.TRIAL_INFO]}
-                      for seed, record in records.items()}}
+             R.NODE: node, R.RUNS: {str(seed): {**record, **clock, R.TRIAL_INFO: about[seed][R.TRIAL_INFO]}
+                                    for seed, record in records.items()}}
 
     def files(folder: Path) -> None:
         for seed, record in records.items():
@@ -125,11 +124,15 @@ def stacked_trial(config: dict[str, Any], *, corpora: Mapping[str, EncodedCorpus
     _report_with_files(final, files)
 
 
-def _about(trainer: Trainer) -> dict[str, Any]:
+def _about(trainer: Trainer, runs: int = 1) -> dict[str, Any]:
     """What every report of a trial (or a stacked seed) carries: which node ran it (a tag of its MLflow run), and
-    what only this process knows about itself (params of its run, columns of the results CSV)."""
+    what only this process knows about itself (params of its run, columns of the results CSV), among it its share
+    of the GPUs and CPUs Ray gave the trial: all of them, or for one of the `runs` seeds a stacked trial carries,
+    1/runs of them."""
+    given = tune.get_context().get_trial_resources().required_resources  # e.g. {"CPU": 1.0, "GPU": 0.25}
     return {R.NODE: ray.get_runtime_context().get_node_id(),
-            R.TRIAL_INFO: {**trainer.placement.info(), R.VISIBLE_DEVICES: os.environ.get("CUDA_VISIBLE_DEVICES", "")}}
+            R.TRIAL_INFO: {**trainer.placement.info(), R.VISIBLE_DEVICES: os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                           R.GPU_SHARE: given.get("GPU", 0.0) / runs, R.CPU_SHARE: given.get("CPU", 0.0) / runs}}
 
 
 def _finished_or_restored(trainer: Trainer | StackedTrainer) -> bool:

@@ -7,7 +7,9 @@ record, a plain dict keyed by `pefusion.record` names.
 Why a class with `state_dict()`: a Tune trial may be killed and resumed; the checkpoint carries the model, the
 optimiser, the early-stopping counters, the best weights and the RNG state, so a resumed trial continues
 bit-identically on CPU (batch order is a function of (seed, epoch), dropout draws come from the restored RNG, and
-the learning rate of a step is a function of its index, epoch × steps per epoch + batch).
+the learning rate of a step is a function of its index, epoch × steps per epoch + batch). The checkpoint also
+carries the trial's clock (its first start, its wall seconds so far), so a restarted trial adds to it; clocks and
+rates are timing, read and never fed back into what is trained.
 """
 from __future__ import annotations
 
@@ -51,6 +53,22 @@ def macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     return float(f1.mean()) if len(labels) else 0.0
 
 
+def epoch_start(device: torch.device) -> float:
+    """An epoch begins on `device`: reset the peak-memory counters (CUDA) that `memory_peaks` reads at its end, and
+    return the clock's time (`time.perf_counter`)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    return time.perf_counter()
+
+
+def memory_peaks(device: torch.device) -> dict[str, float]:
+    """The peak memory torch allocated and reserved on `device` since `epoch_start`, in MiB; none on a CPU."""
+    if device.type != "cuda":
+        return {}
+    return {R.PEAK_MEM_ALLOC_MIB: torch.cuda.max_memory_allocated(device) / 2 ** 20,
+            R.PEAK_MEM_RESERVED_MIB: torch.cuda.max_memory_reserved(device) / 2 ** 20}
+
+
 def lr_factor(step: int, total: int, warmup_steps: int, schedule: str) -> float:
     """The multiplier of the base learning rate at optimiser step `step` (0-based) of `total`: linear warm-up
     (step + 1) / warmup_steps over the first warmup_steps, then 1 (constant), or a cosine or linear decay over
@@ -70,6 +88,9 @@ class Trainer:
 
     def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, corpus: EncodedCorpus,
                  device: torch.device | None = None) -> None:
+        # The trial's clock: its first start (Unix s) and the wall seconds of its earlier processes (a restored
+        # state's), to which this process adds its own from now, building the model included (`wall_s`).
+        self.started_at, self.wall_before_s, self.process_start = time.time(), 0.0, time.monotonic()
         self.model_cfg, self.train_cfg, self.corpus = model_cfg, train_cfg, corpus
         # precision and pad multiple resolved on this device, its TF32 and attention-kernel flags set
         self.placement = place(device or select_device(train_cfg.device), train_cfg.precision, train_cfg.pad_multiple)
@@ -93,6 +114,8 @@ class Trainer:
         self.bad_epochs = 0
         self.train_time_s = 0.0
         self.history: list[dict[str, float]] = []
+        # What an epoch trains on: every training document once, and its kept tokens (the rates' numerators).
+        self.epoch_samples, self.epoch_tokens = len(corpus.train), int(corpus.train.lengths.sum())
 
     def make_optimizer(self, params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
         """The trial's optimiser over `params` (this model's, or the stacked parameters of several seeds: Adam is
@@ -110,7 +133,8 @@ class Trainer:
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "epoch": self.epoch, "best_val_acc": self.best_val_acc, "best_epoch": self.best_epoch,
             "best_state": self.best_state, "bad_epochs": self.bad_epochs, "train_time_s": self.train_time_s,
-            "history": self.history, "torch_rng": torch.get_rng_state(),
+            "history": self.history, R.STARTED_AT: self.started_at, R.WALL_S: self.wall_s,
+            "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
 
@@ -121,9 +145,18 @@ class Trainer:
             group["lr"], group["weight_decay"] = self.train_cfg.lr, self.train_cfg.weight_decay
         for key in ("epoch", "best_val_acc", "best_epoch", "best_state", "bad_epochs", "train_time_s", "history"):
             setattr(self, key, state[key])
+        # (a checkpoint written before the trial's clock was kept has none: this process starts it)
+        self.started_at = state.get(R.STARTED_AT, self.started_at)
+        self.wall_before_s = state.get(R.WALL_S, 0.0)
         torch.set_rng_state(state["torch_rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+    @property
+    def wall_s(self) -> float:
+        """The trial's wall seconds so far: its earlier processes' (as of their last checkpoint; what a lost process
+        did after it is redone, and counted, here) and this process's since the Trainer was built."""
+        return self.wall_before_s + time.monotonic() - self.process_start
 
     # --- one epoch ----------------------------------------------------------------------------------------
     def autocast(self) -> ContextManager:
@@ -179,7 +212,7 @@ class Trainer:
         """One pass over the training split, then validation; updates early stopping. Raises `Diverged` when a
         step's loss was non-finite (checked once, at the end of the epoch: a NaN or inf in any step makes the sum
         non-finite, and checking every step would stall the GPU once per batch)."""
-        start = time.perf_counter()
+        start = epoch_start(self.device)
         # float64 on the device: the same sum, rounding for rounding, as adding the float32 losses in Python
         loss_sum, n_seen = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for loss, n in self.train_steps():
@@ -188,14 +221,16 @@ class Trainer:
         return self.end_epoch(loss_sum.item() / max(n_seen, 1), time.perf_counter() - start)
 
     def end_epoch(self, train_loss: float, seconds: float) -> dict[str, float]:
-        """Close epoch `self.epoch` after its steps: raise `Diverged` on a non-finite mean training loss, else
-        count the epoch and its training seconds, validate, update early stopping and the best state."""
+        """Close epoch `self.epoch` after its steps, which took `seconds` (from `epoch_start`, the device done):
+        raise `Diverged` on a non-finite mean training loss, else count the epoch and its training seconds,
+        validate, update early stopping and the best state. Returns the epoch's metrics, its costs among them."""
         cfg = self.train_cfg
         if not math.isfinite(train_loss):
             raise Diverged(f"non-finite training loss ({train_loss}) in epoch {self.epoch + 1}")
         self.train_time_s += seconds
         self.epoch += 1
 
+        validation_start = time.perf_counter()
         val = self.evaluate(self.corpus.validation)
         if val["acc"] > self.best_val_acc + cfg.min_delta:
             self.best_val_acc, self.best_epoch, self.bad_epochs = val["acc"], self.epoch, 0
@@ -203,7 +238,10 @@ class Trainer:
         else:
             self.bad_epochs += 1
         metrics = {R.EPOCH: self.epoch, R.TRAIN_LOSS: train_loss, R.VAL_LOSS: val["loss"],
-                   R.VAL_ACC: val["acc"]}
+                   R.VAL_ACC: val["acc"], R.TRAIN_SAMPLES_PER_S: self.epoch_samples / seconds,
+                   R.TRAIN_TOKENS_PER_S: self.epoch_tokens / seconds,
+                   R.EPOCH_S: seconds + time.perf_counter() - validation_start,
+                   **memory_peaks(self.device), R.WALL_S: self.wall_s}
         self.history.append(metrics)
         return metrics
 
@@ -267,7 +305,7 @@ class Trainer:
                R.LAT_MS_MEAN: lat_mean, R.LAT_MS_STD: lat_std, R.TRAIN_TIME_S: self.train_time_s,
                R.EPOCHS_RUN: self.epoch}
         rec.update(length_bucket_accuracy(self.corpus.test, test["preds"], length_edges))
-        return rec
+        return {**rec, **self.clock()}
 
     def identity(self) -> dict[str, Any]:
         return {R.DATASET: self.corpus.name, R.PE_TYPE: self.model_cfg.pe_type, R.FUSION: self.model_cfg.fusion,
@@ -277,7 +315,11 @@ class Trainer:
         """What a diverged (or otherwise stopped) trial reports: identity, progress and the reason."""
         return {**self.identity(), R.STATUS: status, R.ERROR: error, R.EPOCHS_RUN: self.epoch,
                 R.BEST_EPOCH: self.best_epoch, R.TRAIN_TIME_S: self.train_time_s,
-                R.BEST_VAL_ACC: self.best_val_acc if self.best_epoch else float("nan")}
+                R.BEST_VAL_ACC: self.best_val_acc if self.best_epoch else float("nan"), **self.clock()}
+
+    def clock(self) -> dict[str, float]:
+        """The trial's clock as it ends: its wall seconds over all its processes, its first start and now."""
+        return {R.WALL_S: self.wall_s, R.STARTED_AT: self.started_at, R.ENDED_AT: time.time()}
 
     def best_model_config(self) -> dict[str, Any]:
         """What rebuilds the saved model: the model config plus vocabulary and class counts."""

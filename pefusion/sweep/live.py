@@ -428,8 +428,7 @@ class TrialEvents(tune.Callback):
 
 def _final(trial: Trial, run: Run) -> dict[str, Any]:
     """`run`'s part of the trial's last result, as the metrics of its run."""
-    return {k: v for k, v in record_only(run_part(trial.last_result or {}, run) or {}, run.config).items()
-            if k not in ("started_at", "ended_at")}
+    return record_only(run_part(trial.last_result or {}, run) or {}, run.config)
 
 
 def _short(value: Any) -> str:
