@@ -161,10 +161,11 @@ class StackedTrainer:
         for losses, sizes in self.train_steps():
             loss_sum += losses.double() * torch.as_tensor(sizes, device=self.device)
             n_seen += sizes
+        losses = (loss_sum.cpu().numpy() / np.maximum(n_seen, 1)).tolist()  # waits for the GPU's last step
         seconds = time.perf_counter() - start  # the seeds' shared epoch: each seed's training time
         self.sync_models()
         metrics = {}
-        for seed, loss in zip(self.active, (loss_sum.cpu().numpy() / np.maximum(n_seen, 1)).tolist()):
+        for seed, loss in zip(self.active, losses):
             try:
                 metrics[seed] = self.trainers[seed].end_epoch(loss, seconds)
             except Diverged as exc:

@@ -128,11 +128,13 @@ def _about(trainer: Trainer, runs: int = 1) -> dict[str, Any]:
     """What every report of a trial (or a stacked seed) carries: which node ran it (a tag of its MLflow run), and
     what only this process knows about itself (params of its run, columns of the results CSV), among it its share
     of the GPUs and CPUs Ray gave the trial: all of them, or for one of the `runs` seeds a stacked trial carries,
-    1/runs of them."""
+    1/runs of them. A trial that trains on the CPU holds no GPU, whatever Ray scheduled (a CPU machine's logical
+    GPUs)."""
     given = tune.get_context().get_trial_resources().required_resources  # e.g. {"CPU": 1.0, "GPU": 0.25}
+    gpus = given.get("GPU", 0.0) if trainer.device.type == "cuda" else 0.0
     return {R.NODE: ray.get_runtime_context().get_node_id(),
             R.TRIAL_INFO: {**trainer.placement.info(), R.VISIBLE_DEVICES: os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-                           R.GPU_SHARE: given.get("GPU", 0.0) / runs, R.CPU_SHARE: given.get("CPU", 0.0) / runs}}
+                           R.GPU_SHARE: gpus / runs, R.CPU_SHARE: given.get("CPU", 0.0) / runs}}
 
 
 def _finished_or_restored(trainer: Trainer | StackedTrainer) -> bool:
