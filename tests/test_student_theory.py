@@ -336,6 +336,20 @@ def test_command_line_curve_and_alpha_c(tmp_path, capsys):
     assert re.fullmatch(r"alpha_c\(omega=0\.3\) = 1\.\d{3}", last), last
 
 
+def test_the_figure_marks_where_a_branch_ends():
+    """The semantic branch ends inside the curve's range: its last point is marked × and labelled, no line drawn
+    through the points past its end."""
+    from pefusion.analysis.figures import theory_eps_g_figure
+
+    rows = [(0.7, "semantic", np.nan, "branch_ended"), (0.8, "semantic", 0.00355, "converged"),
+            (0.9, "semantic", 0.00314, "converged")] + [(a, "positional", 0.0033, "converged") for a in (0.7, 0.8, 0.9)]
+    curve = pd.DataFrame(rows, columns=["alpha", "branch", "eps_g", "status"])
+    ax = theory_eps_g_figure(curve.assign(converged=curve["status"] == "converged")).axes[0]
+    marks = [line for line in ax.lines if line.get_marker() == "x"]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [0.8]
+    assert [t.get_text() for t in ax.texts] == ["semantic branch ends below α = 0.8"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--alphas", "2:1:0.1"], "error: --alphas '2:1:0.1': start:stop:step needs a step > 0 and stop >= start\n"),
     (["--omega", "1.5", "--alpha-c"], "error: omega=1.5 is out of range; it must be in [0, 1]\n"),
