@@ -254,9 +254,10 @@ def test_branch_structure(anchor):
 
 def test_alpha_c_and_which_branch_has_the_lower_training_loss():
     """α_c(0.3) ≈ 1.25-1.26 (SPEC §11); the training loss is −Φ: positional lower below α_c, semantic above."""
-    value = TH.alpha_c(OMEGA, SIGMA, LAM)
+    continuation = TH.Continuation()  # the points alpha_c solved on the way serve the curve too
+    value = TH.alpha_c(OMEGA, SIGMA, LAM, continuation=continuation)
     assert 1.24 <= value <= 1.27
-    curve = TH.theory_curve([value - 0.15, value + 0.15], SIGMA, LAM, OMEGA)
+    curve = TH.theory_curve([value - 0.15, value + 0.15], SIGMA, LAM, OMEGA, continuation=continuation)
     loss = -curve.set_index(["alpha", "branch"])["phi"]
     below, above = value - 0.15, value + 0.15
     assert loss[(below, "positional")] < loss[(below, "semantic")]

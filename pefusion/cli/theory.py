@@ -91,10 +91,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    [teacher_A] * len(omegas))  # every value checked before any work
     if args.simulated and not args.figure:
         raise ConfigError("--simulated puts points on the figure: add --figure PNG")
+    continuation = TH.Continuation(solver)  # the curve's points, reused by alpha_c at the same omega
     if args.out or args.figure or not args.alpha_c:
         alphas = value_range("--alphas", args.alphas)
         start = time.perf_counter()
-        curve = TH.theory_curve(alphas, args.sigma, args.lam, args.omega, teacher_A, solver=solver)
+        curve = TH.theory_curve(alphas, args.sigma, args.lam, args.omega, teacher_A, solver=solver,
+                                continuation=continuation)
         seconds = time.perf_counter() - start
         if args.figure:
             _figure(curve, args)
@@ -110,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.alpha_c:
         for omega in omegas:
             try:
-                value = f"{TH.alpha_c(omega, args.sigma, args.lam, teacher_A, solver):.3f}"
+                value = f"{TH.alpha_c(omega, args.sigma, args.lam, teacher_A, solver, continuation=continuation):.3f}"
             except ConfigError as exc:
                 if len(omegas) == 1:
                     raise

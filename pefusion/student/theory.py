@@ -91,6 +91,13 @@ SWITCH_START = 0.5  # a switch with no bracket yet is looked for in ζ_c ± 0.5 
 # by 3e-7 (relative) against brackets of 1e-9, 6e-6 at 1e-4.
 SWITCH_TOL = 1e-5
 SWITCH_GROW = 4  # a bracket the switch has left is moved past its wrong end and widened this much per try
+# Below SECTION_POINTS / MULTISECTION brackets, each is cut into up to MULTISECTION pieces per proximal solve
+# instead of two: the solve's cost is then its fixed overhead, and the last few brackets take a quarter the calls
+MULTISECTION, SECTION_POINTS = 16, 2048
+FIRST_STEP_HALF = 0.01  # the first step from the anchor has no prediction: its switches are looked for ±0.01
+# A predicted switch is looked for first within this fraction of its predicted movement (Newton) or of the last
+# term of its extrapolation (continuation): both overestimate the error ~10-100-fold
+PREDICTION_ERROR = 0.1
 DENSITY_NODES = 48  # Gauss–Legendre nodes discretising the normal density for the Stieltjes procedure (32 are
 # not enough on [−10, 9], 48 agree with 128 to 1e-12)
 JACOBIAN_STEP = 1e-3  # relative finite-difference step: moves the switches 100-fold beyond SWITCH_TOL
@@ -443,15 +450,17 @@ def _asymmetry(state: torch.Tensor, p: Params, outer: OuterRule, row: torch.Tens
 
 
 def locate_switches(state: torch.Tensor, p: Params, outer: OuterRule, centre: torch.Tensor | None = None,
-                    keep: tuple[torch.Tensor, torch.Tensor] | None = None
+                    keep: tuple[torch.Tensor, torch.Tensor] | None = None, half: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The switch ζ* on each outer line of each point of `state` (4, P): where the sign of p₁ − p₂ changes.
     Returns ζ* and its bracket lo, hi (P, N_o each), no wider than SWITCH_TOL.
 
-    A bracket in `keep` (lo, hi) that still holds the switch is kept: F then stays a continuous function of the
-    state while the switches move inside their brackets (Newton's last steps). Others are looked for in
-    centre ± SWITCH_TOL (a prediction, e.g. from a nearby state) or, without one, in
-    ζ_c ± SWITCH_START (ζ_c = −√2 m/√q); a bracket the switch is not in is moved past its wrong end and widened
+    A bracket in `keep` (lo, hi) that the prediction `centre` stays inside, and that still holds the switch, is
+    kept: F then stays a continuous function of the state while the switches move inside their brackets
+    (Newton's last steps). Others are looked for in
+    centre ± half (a prediction, e.g. from a nearby state, and its likely error (P, N_o); at least SWITCH_TOL)
+    or, without one, in ζ_c ± SWITCH_START (ζ_c = −√2 m/√q); a bracket the switch is not in is moved past its
+    wrong end and widened
     SWITCH_GROW-fold per try (up to ±ZETA_SPAN), then bisected. ζ* is interpolated linearly in p₁ − p₂ inside
     its bracket: where the flip is a steep continuous passage, it follows the state smoothly. A line whose sign
     does not change inside ±ZETA_SPAN gets ζ* at that end."""
@@ -466,22 +475,21 @@ def locate_switches(state: torch.Tensor, p: Params, outer: OuterRule, centre: to
 
     if centre is None:
         centre = (-math.sqrt(2) * state[1] / torch.sqrt(state[0]))[:, None].expand(n_points, n_outer)
-        half = SWITCH_START
-    else:
-        half = SWITCH_TOL  # a good prediction is off by up to half a bracket: one halving follows
-    lo = (centre - half).clamp(-ZETA_SPAN, ZETA_SPAN).reshape(-1)
-    hi = (centre + half).clamp(-ZETA_SPAN, ZETA_SPAN).reshape(-1)
-    u_lo, u_hi = torch.empty_like(lo), torch.empty_like(hi)
-    fresh = torch.arange(len(lo))
-    if keep is not None:
-        old_lo, old_hi = keep[0].reshape(-1), keep[1].reshape(-1)
-        held_lo, held_hi = ends(fresh, old_lo, old_hi)
-        held = (held_lo < 0) & (held_hi >= 0)
-        lo, hi = torch.where(held, old_lo, lo), torch.where(held, old_hi, hi)
-        u_lo[held], u_hi[held] = held_lo[held], held_hi[held]
-        fresh = torch.nonzero(~held).reshape(-1)
-    if len(fresh):
-        u_lo[fresh], u_hi[fresh] = ends(fresh, lo[fresh], hi[fresh])
+        half = torch.tensor(SWITCH_START)
+    else:  # a good prediction is still off by up to half a bracket: one halving follows
+        half = torch.tensor(SWITCH_TOL) if half is None else half.clamp(min=SWITCH_TOL)
+    new_lo = (centre - half).clamp(-ZETA_SPAN, ZETA_SPAN).reshape(-1)
+    new_hi = (centre + half).clamp(-ZETA_SPAN, ZETA_SPAN).reshape(-1)
+    lo, hi = new_lo.clone(), new_hi.clone()
+    kept = torch.zeros(len(lo), dtype=torch.bool)
+    if keep is not None:  # the brackets the prediction stays inside are tried as they are
+        kept = (keep[0] <= centre).reshape(-1) & (centre <= keep[1]).reshape(-1)
+        lo, hi = torch.where(kept, keep[0].reshape(-1), lo), torch.where(kept, keep[1].reshape(-1), hi)
+    u_lo, u_hi = ends(torch.arange(len(lo)), lo, hi)
+    lost = torch.nonzero(kept & ~((u_lo < 0) & (u_hi >= 0))).reshape(-1)
+    if len(lost):  # a kept bracket the switch has left after all: the prediction's
+        lo[lost], hi[lost] = new_lo[lost], new_hi[lost]
+        u_lo[lost], u_hi[lost] = ends(lost, lo[lost], hi[lost])
     while True:  # move the brackets the switch is not in past their wrong end, wider each time
         left = (u_lo >= 0) & (lo > -ZETA_SPAN)
         right = (u_hi < 0) & (hi < ZETA_SPAN) & ~left
@@ -499,15 +507,22 @@ def locate_switches(state: torch.Tensor, p: Params, outer: OuterRule, centre: to
     none = (u_lo >= 0) | (u_hi < 0)  # no sign change inside ±ZETA_SPAN
     edge = torch.where(u_lo >= 0, lo, hi)
     lo, hi = torch.where(none, edge, lo), torch.where(none, edge, hi)
-    while True:
+    while True:  # bisection, or K-section once few brackets are left (a call costs about the same either way)
         todo = torch.nonzero(hi - lo > SWITCH_TOL).reshape(-1)
         if len(todo) == 0:
             break
-        mid = 0.5 * (lo[todo] + hi[todo])
-        u = _asymmetry(state, p, outer, row[todo], col[todo], mid)
-        below = u < 0
-        lo[todo], u_lo[todo] = torch.where(below, mid, lo[todo]), torch.where(below, u, u_lo[todo])
-        hi[todo], u_hi[todo] = torch.where(below, hi[todo], mid), torch.where(below, u_hi[todo], u)
+        k = max(2, min(MULTISECTION, SECTION_POINTS // len(todo)))
+        inner = lo[todo, None] + (hi - lo)[todo, None] * torch.arange(1, k, dtype=lo.dtype) / k  # (T, k − 1)
+        u = _asymmetry(state, p, outer, row[todo].repeat_interleave(k - 1), col[todo].repeat_interleave(k - 1),
+                       inner.reshape(-1)).reshape(len(todo), k - 1)
+        below = (u < 0).sum(1)  # the switch lies past this many inner points (the sign changes once)
+        at_lo, at_hi = (below - 1).clamp(min=0), below.clamp(max=k - 2)
+        pick = torch.arange(len(todo))
+        new_lo = torch.where(below > 0, inner[pick, at_lo], lo[todo])
+        new_u_lo = torch.where(below > 0, u[pick, at_lo], u_lo[todo])
+        new_hi = torch.where(below < k - 1, inner[pick, at_hi], hi[todo])
+        new_u_hi = torch.where(below < k - 1, u[pick, at_hi], u_hi[todo])
+        lo[todo], u_lo[todo], hi[todo], u_hi[todo] = new_lo, new_u_lo, new_hi, new_u_hi
     span = u_hi - u_lo
     inside = torch.where(span > 0, -u_lo / torch.where(span > 0, span, 1.0), 0.0).clamp(0, 1)
     shape = (n_points, n_outer)
@@ -536,10 +551,11 @@ class _Evaluation:
 
 
 def _evaluate(state: torch.Tensor, p: Params, outer: OuterRule, k: int, centre: torch.Tensor | None,
-              keep: tuple[torch.Tensor, torch.Tensor] | None = None) -> _Evaluation:
-    """F at state (4, P) on the split rule, every proximal step from (0, 0); `centre` predicts the switches and
-    brackets in `keep` that still hold them are kept (locate_switches)."""
-    switch, lo, hi = locate_switches(state, p, outer, centre, keep)
+              keep: tuple[torch.Tensor, torch.Tensor] | None = None, half: torch.Tensor | None = None
+              ) -> _Evaluation:
+    """F at state (4, P) on the split rule, every proximal step from (0, 0); `centre` ± `half` predicts the
+    switches and brackets in `keep` that still hold them are kept (locate_switches)."""
+    switch, lo, hi = locate_switches(state, p, outer, centre, keep, half)
     hat = channel(state, p, split_quadrature(switch, outer, k))
     return _Evaluation(prior(hat, p), hat, switch, lo, hi)
 
@@ -602,13 +618,14 @@ def _broyden(jac: torch.Tensor, step: torch.Tensor, change: torch.Tensor, use: t
 
 def _newton(state: torch.Tensor, p: Params, free: torch.Tensor, jacobian: torch.Tensor | None,
             switch_jacobian: torch.Tensor | None, centre: torch.Tensor | None, outer: OuterRule, solver: Solver,
-            guard: torch.Tensor | None = None) -> list[_Solved]:
+            guard: torch.Tensor | None = None, half: torch.Tensor | None = None) -> list[_Solved]:
     """Newton's method on G(x) = F(x) − x from state (4, P) for P points at once (each leaves the batch when it
     has converged or failed). The Jacobians (of G, (P, 4, 4), and of the switches, (P, N_o, 4)) are given or
     computed by finite differences, updated by Broyden's rule after each step and recomputed every REFRESH_AFTER
     steps without convergence; each step keeps the last step's switch brackets that still hold and predicts the
-    other switches from the last ones by their Jacobian (`centre` (P, N_o) predicts the first); a step that
-    leaves the region where the channel is defined is halved. Converged: |G| < solver.tol in q, m and θ, with
+    other switches from the last ones by their Jacobian, looking first within PREDICTION_ERROR of the movement
+    (`centre` ± `half` (P, N_o) predicts the first); a step that leaves the region where the channel is defined
+    is halved. Converged: |G| < solver.tol in q, m and θ, with
     every proximal step converged; a point that is not within
     solver.max_iter evaluations has status NOT_CONVERGED. With `guard` (4, P), a point whose guard·x falls below
     LOST (its branch's coordinate, signed) has left its branch: it stops there with status BRANCH_ENDED."""
@@ -616,7 +633,7 @@ def _newton(state: torch.Tensor, p: Params, free: torch.Tensor, jacobian: torch.
     results: list[_Solved | None] = [None] * n_points
     active = torch.arange(n_points)
     x = torch.where(free, state, 0.0)
-    ev = _evaluate(x, p, outer, solver.zeta_nodes, centre)
+    ev = _evaluate(x, p, outer, solver.zeta_nodes, centre, half=half)
     used = torch.ones(n_points, dtype=torch.long)
     jac, sjac = jacobian, switch_jacobian
     since = torch.zeros(n_points, dtype=torch.long)  # Newton steps since the Jacobians were computed
@@ -656,8 +673,9 @@ def _newton(state: torch.Tensor, p: Params, free: torch.Tensor, jacobian: torch.
                 break
             step = torch.where(bad, step / 2, step)
         x_new = x + step
-        new = _evaluate(x_new, pa, outer, solver.zeta_nodes, ev.switch + (sjac @ step.T[:, :, None])[:, :, 0],
-                        (ev.lo, ev.hi))
+        movement = (sjac @ step.T[:, :, None])[:, :, 0]
+        new = _evaluate(x_new, pa, outer, solver.zeta_nodes, ev.switch + movement, (ev.lo, ev.hi),
+                        PREDICTION_ERROR * movement.abs())
         used += 1
         since += 1
         # A step below NOISE_STEP (relative) changes F by less than the switches' location noise does
@@ -792,7 +810,7 @@ class Continuation:
         """Solve each (track, α) from the last point of its path, its state and switches extrapolated by the
         polynomial through the last PREDICTOR_POINTS converged ones. A point whose predecessor is not on the branch
         inherits that status."""
-        batch, starts, centres = [], [], []
+        batch, starts, centres, halves = [], [], [], []
         for track, alpha, path in todo:
             before = self._done[(track, path[-1])]
             if before.status != CONVERGED:
@@ -803,9 +821,13 @@ class Continuation:
             weights = _lagrange(known, alpha)
             guess = sum(w * self._done[(track, a)].state for w, a in zip(weights, known))
             centre = sum(w * self._done[(track, a)].switch for w, a in zip(weights, known))
+            # the last term's size (the change from one point fewer) bounds the prediction's error
+            lower = sum(w * self._done[(track, a)].switch for w, a in zip(_lagrange(known[1:], alpha), known[1:]))
             batch.append((track, alpha, before))
             starts.append(guess)
             centres.append(centre)
+            halves.append(PREDICTION_ERROR * (centre - lower).abs() if len(known) > 1
+                          else torch.full_like(centre, FIRST_STEP_HALF))
         if not batch:
             return
         p = self._params([(t, a) for t, a, _ in batch])
@@ -820,7 +842,8 @@ class Continuation:
             guard[j, i] = math.copysign(1.0, float(before.state[j]))
         solved = _newton(start, p, _free([t[4] for t, _, _ in batch], p),
                          torch.stack([b.jacobian for _, _, b in batch]),
-                         torch.stack([b.switch_jacobian for _, _, b in batch]), centre, self.outer, self.solver, guard)
+                         torch.stack([b.switch_jacobian for _, _, b in batch]), centre, self.outer, self.solver, guard,
+                         torch.where(valid[:, None], torch.stack(halves), SWITCH_START))
         for (track, alpha, before), got in zip(batch, solved):
             if got.status == CONVERGED and _off_branch(track, got.state, before.state):
                 got.status = BRANCH_ENDED
@@ -845,6 +868,15 @@ def _off_branch(track: Track, state: torch.Tensor, before: torch.Tensor | None) 
     return abs(value) < LOST or (before is not None and value * float(before[j]) < 0)
 
 
+def _continuation(solver: Solver, given: Continuation | None) -> Continuation:
+    """`given`, which must be of `solver`, or a new one."""
+    if given is None:
+        return Continuation(solver)
+    if given.solver != solver:
+        raise ConfigError(f"the continuation's solver {given.solver} is not the one asked for, {solver}")
+    return given
+
+
 def fixed_points(alpha: Sequence[float], branch: Sequence[str], *, sigma: Sequence[float], lam: Sequence[float],
                  omega: Sequence[float], teacher_A: Sequence[str], solver: Solver = Solver()) -> pd.DataFrame:
     """The fixed point of P points (one value per point in each argument), each reached by continuation from
@@ -857,13 +889,15 @@ def fixed_points(alpha: Sequence[float], branch: Sequence[str], *, sigma: Sequen
 
 
 def theory_curve(alphas: Sequence[float], sigma: float = 0.5, lam: float = 0.01, omega: float = 0.3,
-                 teacher_A: str = "default", branches: Sequence[str] = BRANCHES,
-                 solver: Solver = Solver()) -> pd.DataFrame:
-    """Every α on every branch: len(alphas)·len(branches) rows, α-major."""
+                 teacher_A: str = "default", branches: Sequence[str] = BRANCHES, solver: Solver = Solver(),
+                 continuation: Continuation | None = None) -> pd.DataFrame:
+    """Every α on every branch: len(alphas)·len(branches) rows, α-major. `continuation` (of the same solver)
+    keeps the points solved on the way for later calls (e.g. alpha_c's on the same problem)."""
     pairs = [(a, b) for a in alphas for b in branches]
     n = len(pairs)
-    return fixed_points([a for a, _ in pairs], [b for _, b in pairs], sigma=[sigma] * n, lam=[lam] * n,
-                        omega=[omega] * n, teacher_A=[teacher_A] * n, solver=solver)
+    cont = _continuation(solver, continuation)
+    return cont.solve([a for a, _ in pairs], [b for _, b in pairs], [sigma] * n, [lam] * n, [omega] * n,
+                      [teacher_A] * n)
 
 
 def simulation_theta(theta: float | np.ndarray, sigma: float | np.ndarray) -> float | np.ndarray:
@@ -881,24 +915,26 @@ def phi_gap(alpha: float, omega: float, sigma: float = 0.5, lam: float = 0.01, t
     """Φ_semantic − Φ_positional at one α: > 0 where the semantic branch has the lower training loss −Φ; NaN
     where either branch has no converged point. `continuation` keeps the points solved on the way for later
     calls."""
-    cont = continuation or Continuation(solver)
+    cont = _continuation(solver, continuation)
     rows = cont.solve([alpha] * 2, BRANCHES, [sigma] * 2, [lam] * 2, [omega] * 2, [teacher_A] * 2)
     rows = rows.set_index("branch")
     return float(rows.loc["semantic", "phi"] - rows.loc["positional", "phi"])
 
 
 def alpha_c(omega: float, sigma: float = 0.5, lam: float = 0.01, teacher_A: str = "default",
-            solver: Solver = Solver(), start: float | None = None, xtol: float = 1e-4) -> float:
+            solver: Solver = Solver(), start: float | None = None, xtol: float = 1e-4,
+            continuation: Continuation | None = None) -> float:
     """α_c(ω), the root of Φ_semantic − Φ_positional (negative below α_c: the positional branch has the lower
     training loss there), by brentq on a bracket found by stepping from `start` (default: the published α_c(ω)
     read at ω, else 1) by 0.05, 0.1, 0.2, ...: upwards while the gap is negative or a branch has no point
     (the semantic branch ends at small α), downwards while it is positive. A ConfigError when no sign change is
-    found or a branch has no point inside the bracket."""
+    found or a branch has no point inside the bracket. `continuation` (of the same solver) may hold points
+    solved before, and keeps those solved here."""
     if start is None:
         omegas = sorted(ALPHA_C_PUBLISHED)
         start = float(np.interp(omega, omegas, [ALPHA_C_PUBLISHED[o] for o in omegas]))
     where = f"omega={omega:g} (sigma={sigma:g}, lam={lam:g}, A={teacher_A})"
-    cont = Continuation(solver)
+    cont = _continuation(solver, continuation)
 
     def gap(a: float) -> float:
         return phi_gap(a, omega, sigma, lam, teacher_A, solver, cont)
