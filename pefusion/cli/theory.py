@@ -104,8 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             curve.to_csv(args.out, index=False)
             counts = curve["status"].value_counts()
             print(f"wrote {args.out}: {len(curve)} rows, "
-                  + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in (TH.CONVERGED, TH.BRANCH_ENDED, TH.NO_ANCHOR,
-                                                                        TH.NOT_CONVERGED) if counts.get(s, 0))
+                  + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in (TH.CONVERGED, TH.BRANCH_ENDED, TH.NO_ANCHOR)
+                              if counts.get(s, 0))
                   + f", {seconds:.1f} s", file=sys.stderr)
         elif not args.figure:
             print(curve.to_csv(index=False), end="")

@@ -28,14 +28,14 @@ puts an eigenvalue of the map near 1 towards the branch's end (θ → 0 at α �
 iteration converges slowly and amplifies any quadrature error. The fixed point is solved by Newton's method on
 F(x) − x (a finite-difference Jacobian, refined by Broyden updates), with the branch's symmetric coordinate held
 at its symmetric value (semantic with a symmetric teacher A: m = 0, tokens 1 ↔ 2; positional: θ = 0, y → −y).
-Each branch is followed by continuation in α from one anchor, α = 2 (SPEC §11's anchors), over a fixed lattice
-(α = 2 ± 0.05 k): a point is solved from the lattice point before it (towards the anchor), predicted by the
-quadratic through the last three, so its value does not depend on which other points were asked for (to the
-solver's tolerance: points solved in one batch share vectorised arithmetic), and a curve never jumps between
-branches. At the anchor, SPEC's damped iteration on a 4-D tensor Gauss–Hermite rule
-brings each branch from its starting point to within 1e-3, then Newton finishes on the split rule. Where the
-continuation leaves a branch (its coordinate, θ or m, falls to 0), the branch has ended: that point and those
-beyond it are reported as such.
+Each branch is followed by continuation in α from an anchor, over a fixed lattice (α = 2 ± 0.05 k): a point is
+solved from the lattice point before it (towards the anchor), predicted by the quadratic through the last three,
+so its value does not depend on which other points were asked for (to the solver's tolerance: points solved in
+one batch share vectorised arithmetic), and a curve never jumps between branches. The anchor is α = 2 (SPEC §11's
+anchors), or where the branch does not reach it the first of α = 1, 0.5, 4 where it is found: there SPEC's damped
+iteration on a 4-D tensor Gauss–Hermite rule brings the branch's starting point to within 1e-3, then Newton
+finishes on the split rule. Where the continuation leaves a branch (its coordinate, θ or m, falls to 0), the
+branch has ended: that point and those beyond it are reported as such.
 
 Every proximal step, at every node of every point, is solved at once, as (P, N) tensors, by a damped Newton
 iteration: the Hessian is shifted to be positive definite and each step backtracks until the objective decreases
@@ -62,9 +62,10 @@ from pefusion.student.config import ALPHA_C_PUBLISHED, TEACHER_A
 BRANCH_START = {"semantic": (0.9068, 2e-4, 0.3472, 14.575), "positional": (0.0207, 0.2, 0.0, 14.575)}
 BRANCHES = tuple(BRANCH_START)
 ORDER = ("q", "m", "theta", "V")  # the state vector's rows
-# What a point's `status` says: on its branch and converged; the continuation from the anchor left the branch
-# at or before this α (the branch ends between the anchor and here); the branch was not found at the anchor; the
-# Newton iteration did not converge here or at a lattice point on the way from the anchor.
+# What a point's `status` says: on its branch and converged; the branch ends between its anchor and this α (the
+# continuation left it: its coordinate, θ or m, fell to 0, or no fixed point was found near the last one even with
+# steps of 0.05/8, a fold); the branch was found at no anchor. NOT_CONVERGED is Newton's own verdict on one
+# attempt, which the continuation turns into one of the others.
 CONVERGED, BRANCH_ENDED, NO_ANCHOR, NOT_CONVERGED = "converged", "branch_ended", "no_anchor", "not_converged"
 COLUMNS = ("alpha", "branch", "q", "m", "theta", "V", "eps_g", "phi", "iterations", "converged", "status")
 # Part of every cache key: points computed by an earlier algorithm are recomputed, never served. 1: each point
@@ -79,8 +80,10 @@ DEFAULT_DAMPING = 0.8  # the anchor's approach: x <- damping·x + (1 − damping
 DEFAULT_TOL = 1e-7
 DEFAULT_MAX_ITER = 40  # evaluations of the map per point (Newton, after the anchor's approach)
 
-ANCHOR_ALPHA = 2.0
-LATTICE_STEP = 0.05  # the continuation lattice: α = 2 ± 0.05 k, down to 0.05 and up to 4 ...
+# A branch is anchored at the first of these where SPEC's starting point, iterated, lands on it: α = 2 is SPEC's
+# anchor, the others catch branches that do not reach it (the positional one ends below α = 2 for ω ≤ 0.1)
+ANCHORS = (2.0, 1.0, 0.5, 4.0)
+LATTICE_STEP = 0.05  # the continuation lattice, through every anchor: α = 2 ± 0.05 k, down to 0.05 and up to 4 ...
 LATTICE_LINEAR_MAX = 4.0  # ... then geometric steps of ratio 1 + 0.05/4 (alpha_c may search up to α = 50)
 APPROACH_TOL, APPROACH_ITERS = 1e-3, 500  # the anchor's damped iteration: until its change is below APPROACH_TOL
 LOST = 1e-4  # a branch's coordinate (θ semantic, m positional) below this: the continuation has left the branch
@@ -103,6 +106,7 @@ DENSITY_NODES = 48  # Gauss–Legendre nodes discretising the normal density for
 JACOBIAN_STEP = 1e-3  # relative finite-difference step: moves the switches 100-fold beyond SWITCH_TOL
 REFRESH_AFTER = 8  # Newton steps on a Broyden-updated Jacobian before a fresh finite-difference one
 PREDICTOR_POINTS = 3  # a continuation step starts from the quadratic through the last three points
+STEP_HALVINGS = 3  # a continuation step Newton cannot finish is retried as two halves, down to 0.05/8
 NOISE_STEP = 1e-5  # Newton steps smaller than this (relative) do not update the Jacobian: F's noise dominates
 
 # The proximal Newton iteration: a node is done when its gradient's largest component is below NEWTON_TOL (the
@@ -478,6 +482,11 @@ def locate_switches(state: torch.Tensor, p: Params, outer: OuterRule, centre: to
         half = torch.tensor(SWITCH_START)
     else:  # a good prediction is still off by up to half a bracket: one halving follows
         half = torch.tensor(SWITCH_TOL) if half is None else half.clamp(min=SWITCH_TOL)
+        lost = ~(torch.isfinite(centre) & torch.isfinite(half))  # a prediction gone wild: look afresh
+        if lost.any():
+            fresh = (-math.sqrt(2) * state[1] / torch.sqrt(state[0]))[:, None].expand(n_points, n_outer)
+            centre = torch.where(lost, fresh, centre)
+            half = torch.where(lost, SWITCH_START, half.expand(n_points, n_outer))
     new_lo = (centre - half).clamp(-ZETA_SPAN, ZETA_SPAN).reshape(-1)
     new_hi = (centre + half).clamp(-ZETA_SPAN, ZETA_SPAN).reshape(-1)
     lo, hi = new_lo.clone(), new_hi.clone()
@@ -721,10 +730,10 @@ def _lattice_next(alpha: float, up: bool) -> float:
     return round(alpha + LATTICE_STEP if alpha < LATTICE_LINEAR_MAX - 1e-9 else alpha * (1 + LATTICE_STEP / 4), 12)
 
 
-def lattice_path(alpha: float) -> list[float]:
+def lattice_path(alpha: float, anchor: float) -> list[float]:
     """The lattice points a point at α is reached through, from the anchor (included) to the last one before α,
-    or to α itself when it is one: 2.0, 1.95, ..., then α is solved from the last of them."""
-    path, up = [ANCHOR_ALPHA], alpha > ANCHOR_ALPHA
+    or to α itself when it is one: e.g. 2.0, 1.95, ..., then α is solved from the last of them."""
+    path, up = [anchor], alpha > anchor
     while True:
         if abs(path[-1] - alpha) < 1e-9:
             return path
@@ -738,14 +747,16 @@ Track = tuple  # (sigma, lam, omega, teacher_A, branch): one branch of one probl
 
 
 class Continuation:
-    """Fixed points of SPEC §11 reached by continuation from the anchor α = 2 (the module docstring says why),
-    for any set of problems and branches. Solved points are kept, per track and α, so that later requests (e.g.
-    alpha_c's root search) continue from them; a point's value depends only on its track and α."""
+    """Fixed points of SPEC §11 reached by continuation from an anchor (the first of ANCHORS where the branch is
+    found; the module docstring says why), for any set of problems and branches. Solved points are kept, per
+    track and α, so that later requests (e.g. alpha_c's root search) continue from them; a point's value depends
+    only on its track and α."""
 
     def __init__(self, solver: Solver = Solver()) -> None:
         self.solver = solver
         self.outer = OuterRule.gauss_hermite(solver.nodes)
         self._done: dict[tuple[Track, float], _Solved] = {}
+        self._anchors: dict[Track, float | None] = {}  # None: the branch is found at no anchor
 
     def solve(self, alpha: Sequence[float], branch: Sequence[str], sigma: Sequence[float], lam: Sequence[float],
               omega: Sequence[float], teacher_A: Sequence[str]) -> pd.DataFrame:
@@ -759,10 +770,15 @@ class Continuation:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # see ONE_THREAD
         try:
-            self._anchor(sorted({t for t, _ in points} - {t for t, a in self._done if a == ANCHOR_ALPHA}))
-            paths = {(t, a): lattice_path(a) for t, a in unique}
+            self._anchor(sorted({t for t, _ in points} - set(self._anchors)))
+            for t, a in unique:
+                if self._anchors[t] is None:
+                    self._done[(t, a)] = _Solved(torch.full((4,), math.nan, dtype=torch.float64), None, None, None,
+                                                 math.nan, math.nan, 0, NO_ANCHOR)
+            anchored = [(t, a) for t, a in unique if self._anchors[t] is not None]
+            paths = {(t, a): lattice_path(a, self._anchors[t]) for t, a in anchored}
             self._walk(paths)
-            self._step([(t, a, paths[(t, a)]) for t, a in unique if (t, a) not in self._done])
+            self._step([(t, a, paths[(t, a)]) for t, a in anchored if (t, a) not in self._done])
         finally:
             torch.set_num_threads(threads)
         rows = []
@@ -780,36 +796,45 @@ class Continuation:
                            [t[2] for t, _ in batch], [t[3] for t, _ in batch])
 
     def _anchor(self, tracks: Sequence[Track]) -> None:
-        """Each track's fixed point at the anchor: SPEC's damped iteration from the branch's start, then Newton."""
-        if not tracks:
-            return
-        batch = [(t, ANCHOR_ALPHA) for t in tracks]
-        p = self._params(batch)
-        start = torch.tensor([BRANCH_START[t[4]] for t in tracks], dtype=torch.float64).T
-        near, spent = _approach(start, p, self.solver)
-        solved = _newton(near, p, _free([t[4] for t in tracks], p), None, None, None, self.outer, self.solver)
-        for (track, _), got, approach in zip(batch, solved, spent.tolist()):
-            got.iterations += approach
-            if got.status != CONVERGED or _off_branch(track, got.state, None):
-                got.status = NO_ANCHOR
-            self._done[(track, ANCHOR_ALPHA)] = got
+        """Each track's anchor and its fixed point there: at each of ANCHORS in turn, SPEC's damped iteration from
+        the branch's start, then Newton; the first where that converges on the branch is the track's anchor."""
+        todo = list(tracks)
+        for anchor in ANCHORS:
+            if not todo:
+                return
+            batch = [(t, anchor) for t in todo]
+            p = self._params(batch)
+            start = torch.tensor([BRANCH_START[t[4]] for t in todo], dtype=torch.float64).T
+            near, spent = _approach(start, p, self.solver)
+            solved = _newton(near, p, _free([t[4] for t in todo], p), None, None, None, self.outer, self.solver)
+            missed = []
+            for track, got, approach in zip(todo, solved, spent.tolist()):
+                if got.status == CONVERGED and not _off_branch(track, got.state, None):
+                    got.iterations += approach
+                    self._anchors[track], self._done[(track, anchor)] = anchor, got
+                else:
+                    missed.append(track)
+            todo = missed
+        for track in todo:
+            self._anchors[track] = None
 
     def _walk(self, paths: dict[tuple[Track, float], list[float]]) -> None:
         """Every lattice point on the given paths, in lockstep over the tracks: step i solves each path's i-th
         point from its (i−1)-th."""
         needed: dict[tuple[Track, float], list[float]] = {}
         for (track, _), path in paths.items():
-            key = (track, path[-1] > ANCHOR_ALPHA)
+            key = (track, path[-1] > path[0])
             if len(path) > len(needed.get(key, [])):
                 needed[key] = path
         for i in range(1, max((len(p) for p in needed.values()), default=0)):
             self._step([(track, path[i], path[:i]) for (track, _), path in needed.items()
                         if len(path) > i and (track, path[i]) not in self._done])
 
-    def _step(self, todo: Sequence[tuple[Track, float, Sequence[float]]]) -> None:
+    def _step(self, todo: Sequence[tuple[Track, float, Sequence[float]]], depth: int = 0) -> None:
         """Solve each (track, α) from the last point of its path, its state and switches extrapolated by the
         polynomial through the last PREDICTOR_POINTS converged ones. A point whose predecessor is not on the branch
-        inherits that status."""
+        inherits that status. Where Newton fails, the step is halved (the midpoint solved first), up to
+        STEP_HALVINGS times; failing still, the branch has ended there (a fold: no fixed point nearby)."""
         batch, starts, centres, halves = [], [], [], []
         for track, alpha, path in todo:
             before = self._done[(track, path[-1])]
@@ -823,31 +848,42 @@ class Continuation:
             centre = sum(w * self._done[(track, a)].switch for w, a in zip(weights, known))
             # the last term's size (the change from one point fewer) bounds the prediction's error
             lower = sum(w * self._done[(track, a)].switch for w, a in zip(_lagrange(known[1:], alpha), known[1:]))
-            batch.append((track, alpha, before))
+            batch.append((track, alpha, before, path))
             starts.append(guess)
             centres.append(centre)
             halves.append(PREDICTION_ERROR * (centre - lower).abs() if len(known) > 1
                           else torch.full_like(centre, FIRST_STEP_HALF))
         if not batch:
             return
-        p = self._params([(t, a) for t, a, _ in batch])
+        p = self._params([(t, a) for t, a, _, _ in batch])
         start = torch.stack(starts, 1)
-        fallback = torch.stack([b.state for _, _, b in batch], 1)
+        fallback = torch.stack([b.state for _, _, b, _ in batch], 1)
         valid = _valid(start, p)
         start = torch.where(valid, start, fallback)  # a secant that leaves the domain: no prediction
-        centre = torch.where(valid[:, None], torch.stack(centres), torch.stack([b.switch for _, _, b in batch]))
+        centre = torch.where(valid[:, None], torch.stack(centres), torch.stack([b.switch for _, _, b, _ in batch]))
         guard = torch.zeros(4, len(batch), dtype=torch.float64)
-        for i, (track, _, before) in enumerate(batch):
+        for i, (track, _, before, _) in enumerate(batch):
             j = _coordinate(track)
             guard[j, i] = math.copysign(1.0, float(before.state[j]))
-        solved = _newton(start, p, _free([t[4] for t, _, _ in batch], p),
-                         torch.stack([b.jacobian for _, _, b in batch]),
-                         torch.stack([b.switch_jacobian for _, _, b in batch]), centre, self.outer, self.solver, guard,
-                         torch.where(valid[:, None], torch.stack(halves), SWITCH_START))
-        for (track, alpha, before), got in zip(batch, solved):
+        solved = _newton(start, p, _free([t[4] for t, _, _, _ in batch], p),
+                         torch.stack([b.jacobian for _, _, b, _ in batch]),
+                         torch.stack([b.switch_jacobian for _, _, b, _ in batch]), centre, self.outer, self.solver,
+                         guard, torch.where(valid[:, None], torch.stack(halves), SWITCH_START))
+        retry = []
+        for (track, alpha, before, path), got in zip(batch, solved):
             if got.status == CONVERGED and _off_branch(track, got.state, before.state):
                 got.status = BRANCH_ENDED
+            if got.status == NOT_CONVERGED:
+                if depth < STEP_HALVINGS:
+                    retry.append((track, alpha, path))
+                    continue
+                got.status = BRANCH_ENDED
             self._done[(track, alpha)] = got
+        if retry:
+            middle = [(track, round((path[-1] + alpha) / 2, 12), path) for track, alpha, path in retry]
+            self._step([m for m in middle if (m[0], m[1]) not in self._done], depth + 1)
+            self._step([(track, alpha, [*path, mid]) for (track, alpha, path), (_, mid, _) in zip(retry, middle)],
+                       depth + 1)
 
 
 def _lagrange(nodes: Sequence[float], at: float) -> list[float]:
@@ -880,11 +916,11 @@ def _continuation(solver: Solver, given: Continuation | None) -> Continuation:
 def fixed_points(alpha: Sequence[float], branch: Sequence[str], *, sigma: Sequence[float], lam: Sequence[float],
                  omega: Sequence[float], teacher_A: Sequence[str], solver: Solver = Solver()) -> pd.DataFrame:
     """The fixed point of P points (one value per point in each argument), each reached by continuation from
-    the anchor (`Continuation`), all problems' lattice steps batched together.
+    its branch's anchor (`Continuation`), all problems' lattice steps batched together.
 
     Returns one row per point with COLUMNS: q, m, theta (σ² Q·Q*/d), V, eps_g, phi (Φ; the training loss is
-    −Φ), the map evaluations spent on the point, converged and status (CONVERGED, BRANCH_ENDED, NO_ANCHOR,
-    NOT_CONVERGED; every value NaN unless converged)."""
+    −Φ), the map evaluations spent on the point, converged and status (CONVERGED, BRANCH_ENDED or NO_ANCHOR;
+    every value NaN unless converged)."""
     return Continuation(solver).solve(alpha, branch, sigma, lam, omega, teacher_A)
 
 
