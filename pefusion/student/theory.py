@@ -78,7 +78,7 @@ DEFAULT_DAMPING = 0.8  # the anchor's approach: x <- damping·x + (1 − damping
 # On |F(x) − x| in q, m and θ at the fixed point: F itself is known to ~3e-7 (relative, SWITCH_TOL), 1e-8-5e-8
 # absolute here; Newton's last steps, on switches held in their brackets, converge only linearly below that.
 DEFAULT_TOL = 1e-7
-DEFAULT_MAX_ITER = 40  # evaluations of the map per point (Newton, after the anchor's approach)
+DEFAULT_MAX_ITER = 20  # evaluations of the map per Newton attempt (a failed step is retried in halves)
 
 # A branch is anchored at the first of these where SPEC's starting point, iterated, lands on it: α = 2 is SPEC's
 # anchor, the others catch branches that do not reach it (the positional one ends below α = 2 for ω ≤ 0.1)
@@ -114,6 +114,7 @@ NOISE_STEP = 1e-5  # Newton steps smaller than this (relative) do not update the
 # NEWTON_ITERS steps is not trusted (converged=False).
 NEWTON_TOL, NEWTON_ITERS, ARMIJO, HALVINGS, ROUNDOFF = 1e-8, 100, 1e-4, 40, 1e-15
 STEP_CAP = 0.25  # per coordinate and Newton step
+COMPACT = 0.75  # the still-moving fraction of the batch below which converged nodes are dropped from it
 # ONE_THREAD: the solver runs on one torch thread whatever the caller's setting. Its tensors are 1e3-1e5 elements
 # and it compacts them by index every Newton step; there a second intra-op thread costs more than it gives, and on
 # a busy machine far more (a curve's first 60 steps: 0.65 s of CPU on one thread against 19 s on two, load 6 on 2
@@ -320,8 +321,6 @@ def proximal(w1: torch.Tensor, w2: torch.Tensor, y11: torch.Tensor, y22: torch.T
         g1 = 2 * e1 * inv_v + 2 * c * (k1 * a1 + k2 * b1)
         g2 = 2 * e2 * inv_v + 2 * c * (k1 * a2 + k2 * b2)
         moving = torch.maximum(g1.abs(), g2.abs()) >= NEWTON_TOL
-        # Nodes already converged take this step too (a tiny one) and leave afterwards: cheaper than compacting
-        # the twenty intermediate arrays now.
         c1 = 2 * c * (d1 * d1 + r1 * d1 * (1 - 2 * s1))  # 2σ²·2·(s'² + r s'')
         c2 = 2 * c * (d2 * d2 + r2 * d2 * (1 - 2 * s2))
         h11 = 2 * inv_v + c1 * a1 * a1 + c2 * b1 * b1 + 4 * c * k1  # ∇²a = [[2, −1], [−1, 0]]
@@ -351,15 +350,19 @@ def proximal(w1: torch.Tensor, w2: torch.Tensor, y11: torch.Tensor, y22: torch.T
             trial = _objective(sub[0] + sub[10] * sub[2], sub[1] + sub[10] * sub[3], *sub[4:10])
             todo = todo[trial > sub[11] + sub[10] * sub[12]]
         x1, x2 = x1 + t * p1, x2 + t * p2
-        x[0, idx], x[1, idx] = x1, x2
-        if not bool(moving.any()):
-            idx = idx[:0]
+        still = int(moving.sum())
+        if still == 0:
             break
-        if not bool(moving.all()):
+        # Nodes that have converged leave the batch once they are a quarter of it: until then they take
+        # vanishing steps, cheaper than compacting nine arrays every step
+        if still < COMPACT * len(idx):
+            x[0, idx], x[1, idx] = x1, x2
             idx, x1, x2, w1_, w2_, y11_, y22_, inv_v, c = (
                 v[moving] for v in (idx, x1, x2, w1_, w2_, y11_, y22_, inv_v, c))
+            moving = moving[moving]
+    x[0, idx], x[1, idx] = x1, x2
     ok = torch.ones(shape[0], dtype=torch.bool)
-    ok[idx // shape[1]] = False  # a point with a node that did not converge
+    ok[idx[moving] // shape[1]] = False  # a point with a node that did not converge
     x = x.reshape(2, *shape)
     return x, _objective(x[0], x[1], w1, w2, y11, y22, 1.0 / V, 2.0 * sigma ** 2), ok
 
@@ -873,7 +876,7 @@ class Continuation:
         for (track, alpha, before, path), got in zip(batch, solved):
             if got.status == CONVERGED and _off_branch(track, got.state, before.state):
                 got.status = BRANCH_ENDED
-            if got.status == NOT_CONVERGED:
+            if got.status == NOT_CONVERGED:  # no fixed point found: a shorter step may find one
                 if depth < STEP_HALVINGS:
                     retry.append((track, alpha, path))
                     continue
