@@ -66,8 +66,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tol", type=float, default=TH.DEFAULT_TOL,
                     help=f"a fixed point has |F(x) - x| below this in q, m and theta (default {TH.DEFAULT_TOL})")
     ap.add_argument("--max-iter", type=int, default=TH.DEFAULT_MAX_ITER,
-                    help=f"evaluations of the map before a point is reported not converged "
-                         f"(default {TH.DEFAULT_MAX_ITER})")
+                    help=f"evaluations of the map per Newton attempt; a continuation step that needs more is "
+                         f"halved (default {TH.DEFAULT_MAX_ITER})")
     ap.add_argument("--figure", help="draw eps_g against alpha on both branches into this PNG")
     ap.add_argument("--simulated", help="with --figure: simulated points to put on the curve, a CSV or JSON lines "
                                         "with alpha, init, eps_g (what scripts/student_fit.py --json prints)")

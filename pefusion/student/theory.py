@@ -464,13 +464,12 @@ def locate_switches(state: torch.Tensor, p: Params, outer: OuterRule, centre: to
 
     A bracket in `keep` (lo, hi) that the prediction `centre` stays inside, and that still holds the switch, is
     kept: F then stays a continuous function of the state while the switches move inside their brackets
-    (Newton's last steps). Others are looked for in
-    centre ± half (a prediction, e.g. from a nearby state, and its likely error (P, N_o); at least SWITCH_TOL)
-    or, without one, in ζ_c ± SWITCH_START (ζ_c = −√2 m/√q); a bracket the switch is not in is moved past its
-    wrong end and widened
-    SWITCH_GROW-fold per try (up to ±ZETA_SPAN), then bisected. ζ* is interpolated linearly in p₁ − p₂ inside
-    its bracket: where the flip is a steep continuous passage, it follows the state smoothly. A line whose sign
-    does not change inside ±ZETA_SPAN gets ζ* at that end."""
+    (Newton's last steps). Others are looked for in centre ± half (a prediction, e.g. from a nearby state, and
+    its likely error (P, N_o); at least SWITCH_TOL) or, without one, in ζ_c ± SWITCH_START (ζ_c = −√2 m/√q); a
+    bracket the switch is not in is moved past its wrong end and widened SWITCH_GROW-fold per try (up to
+    ±ZETA_SPAN), then bisected (cut in up to MULTISECTION pieces once few are left). ζ* is interpolated linearly
+    in p₁ − p₂ inside its bracket: where the flip is a steep continuous passage, it follows the state smoothly. A
+    line whose sign does not change inside ±ZETA_SPAN gets ζ* at that end."""
     n_points, n_outer = state.shape[1], outer.weights.numel()
     row = torch.arange(n_points)[:, None].expand(n_points, n_outer).reshape(-1)
     col = torch.arange(n_outer)[None, :].expand(n_points, n_outer).reshape(-1)
@@ -637,10 +636,9 @@ def _newton(state: torch.Tensor, p: Params, free: torch.Tensor, jacobian: torch.
     steps without convergence; each step keeps the last step's switch brackets that still hold and predicts the
     other switches from the last ones by their Jacobian, looking first within PREDICTION_ERROR of the movement
     (`centre` ± `half` (P, N_o) predicts the first); a step that leaves the region where the channel is defined
-    is halved. Converged: |G| < solver.tol in q, m and θ, with
-    every proximal step converged; a point that is not within
-    solver.max_iter evaluations has status NOT_CONVERGED. With `guard` (4, P), a point whose guard·x falls below
-    LOST (its branch's coordinate, signed) has left its branch: it stops there with status BRANCH_ENDED."""
+    is halved. Converged: |G| < solver.tol in q, m and θ, with every proximal step converged; a point that is
+    not within solver.max_iter evaluations has status NOT_CONVERGED. With `guard` (4, P), a point whose guard·x
+    falls below LOST (its branch's coordinate, signed) has left its branch: it stops there, BRANCH_ENDED."""
     n_points = state.shape[1]
     results: list[_Solved | None] = [None] * n_points
     active = torch.arange(n_points)
