@@ -426,10 +426,8 @@ def test_report_pefusion_sweep_logged_to_parent(store, tmp_path):
 
 def test_report_student_sweep(store, tmp_path):
     assert RU.load_sweep(store["uri"], "student-attention", latest_sweep=True).name == "phase_diagram"
-    # --no-theory: this λ-CV sweep's eight (α, λ*) points would cost the d → ∞ theory ~45 s; the theory beside a
-    # report's points is test_student_theory.py's test_report_puts_the_theory_beside_a_phase_diagram_sweep_...
     argv = ["--tracking-uri", store["uri"], "--experiment", "student-attention", "--parent-run", store["cv"],
-            "--out", str(tmp_path), "--no-log", "--no-theory"]
+            "--out", str(tmp_path), "--no-log"]
     assert load_script("scripts/report.py").main(argv) == 0
     text = (tmp_path / f"report_lambda_cv_{store['cv'][:8]}.html").read_text()
     assert "RuntimeError: out of memory" in text and COMMAND in text

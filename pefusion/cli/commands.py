@@ -114,19 +114,13 @@ def report_main(argv: Sequence[str] | None = None) -> int:
                         help="report every finished trial run of the experiment instead of the latest sweep")
     parser.add_argument("--baseline", default="add", help="baseline fusion of the paired deltas (default: add)")
     parser.add_argument("--no-log", action="store_true", help="do not log the report to the MLflow parent run")
-    parser.add_argument("--no-theory", action="store_true",
-                        help="student sweeps: leave the d -> infinity theory out (the first report of a sweep "
-                             "solves it for every (sigma, lambda, omega) and branch, a minute for a lambda-CV "
-                             "sweep's many lambda*; later ones read it from --out)")
     args = parser.parse_args(argv)
     from pefusion.analysis.report import build_report
     from pefusion.analysis.student_tables import published_alpha_curves
-    from pefusion.student.theory import Solver
 
     sweep = load_sweep_from_args(args, latest_sweep=not args.all_runs)
     alpha_c, alpha_l = published_alpha_curves()
-    page, written = build_report(sweep, args.out, args.baseline, alpha_c, alpha_l, log_to_mlflow=not args.no_log,
-                                 theory=None if args.no_theory else Solver())
+    page, written = build_report(sweep, args.out, args.baseline, alpha_c, alpha_l, log_to_mlflow=not args.no_log)
     for path in written:
         print(f"wrote {path}")
     print(f"report: {page}")
