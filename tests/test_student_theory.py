@@ -1,7 +1,10 @@
 """Tests of the student theory (SPEC §11, pefusion.student.theory): one step of the fixed-point map against a slow
-reference written here from the equations (scipy's BFGS per quadrature node), the paper's anchors at α = 2, the
-branch structure, convergence in the node count, α_c(0.3) and the order of the training losses around it, the
-cache and the command line."""
+reference written here from the equations (scipy's BFGS per quadrature node), the map on the library's split rule
+against a quasi-Monte Carlo estimate written here (its own proximal solver), the paper's anchors at α = 2, the
+branch structure, α_c(0.3) and the order of the training losses around it, continuation (a point's value does not
+depend on the others asked for), the cache (keyed by the algorithm's version) and the command line; opt-in (slow):
+the issue's curve α 0.6-2.0 (no holes, smooth, the semantic branch's end documented) and, at α 0.6, 0.8, 1.0,
+1.2, 1.5 and 2.0 on both branches, doubling the nodes and an independent quasi-Monte Carlo fixed point."""
 from __future__ import annotations
 
 import math
@@ -13,7 +16,8 @@ import pytest
 import torch
 from numpy.polynomial.hermite import hermgauss
 from scipy.optimize import minimize
-from scipy.special import expit
+from scipy.special import expit, ndtri
+from scipy.stats import qmc
 
 from pefusion.cli.flags import run_main
 from pefusion.cli.theory import main as theory_main
@@ -21,6 +25,9 @@ from pefusion.student import theory as TH
 
 torch.set_num_threads(1)
 SIGMA, LAM, OMEGA, A = 0.5, 0.01, 0.3, ((0.6, 0.4), (0.4, 0.6))
+
+
+COARSE = TH.Solver(nodes=5)  # for the tests of the plumbing (continuation, cache, command line), not the numbers
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -98,6 +105,126 @@ def test_one_step_of_the_map_matches_the_scalar_reference():
 
 
 # --------------------------------------------------------------------------------------------------------------
+# An independent computation of the map: scrambled Sobol points with their mirror images, a proximal solver of its
+# own (Newton on the Hessian with its eigenvalues' signs dropped, short backtracked steps from (0, 0)), the hat and
+# prior updates written out again, and Newton's method on F(x) − x with its own finite-difference Jacobian.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def qmc_normal(log2n: int, seed: int) -> np.ndarray:
+    """2·2^log2n points for (ξ₁, ξ₂, y₁, y₂) ~ N(0, I₄), (4, 2N): scrambled Sobol and their mirror images."""
+    z = ndtri(qmc.Sobol(4, scramble=True, seed=seed).random_base2(log2n)).T
+    return np.concatenate([z, -z], axis=1)
+
+
+def qmc_prox(w1, w2, y11, y22, V: float):
+    """The local minimum of Σ(x − w)²/V + 2σ²[(s₁ − Y₁₁)² + (s₂ − Y₂₂)²] reached from (0, 0), per sample."""
+    c = 2 * SIGMA ** 2
+
+    def objective(u, v, w1, w2, a, b):
+        return ((u - w1) ** 2 + (v - w2) ** 2) / V + c * ((expit(u * (u - v)) - a) ** 2 + (expit(v * (v - u)) - b) ** 2)
+
+    x1, x2 = np.zeros_like(w1), np.zeros_like(w2)
+    idx, u, v = np.arange(len(w1)), x1.copy(), x2.copy()
+    for _ in range(300):
+        sa, sb = expit(u * (u - v)), expit(v * (v - u))
+        da, db, ra, rb = sa * (1 - sa), sb * (1 - sb), sa - y11, sb - y22
+        ka, kb = ra * da, rb * db
+        gu = 2 * (u - w1) / V + 2 * c * (ka * (2 * u - v) - kb * v)
+        gv = 2 * (v - w2) / V + 2 * c * (-ka * u + kb * (2 * v - u))
+        ea, eb = 2 * c * (da * da + ra * da * (1 - 2 * sa)), 2 * c * (db * db + rb * db * (1 - 2 * sb))
+        huu = 2 / V + ea * (2 * u - v) ** 2 + eb * v * v + 4 * c * ka
+        hvv = 2 / V + ea * u * u + eb * (2 * v - u) ** 2 + 4 * c * kb
+        huv = -ea * (2 * u - v) * u - eb * v * (2 * v - u) - 2 * c * (ka + kb)
+        mean, half = (huu + hvv) / 2, np.hypot((huu - hvv) / 2, huv)
+        angle = 0.5 * np.arctan2(2 * huv, huu - hvv)
+        cos, sin = np.cos(angle), np.sin(angle)
+        l1, l2 = np.maximum(np.abs(mean + half), 1e-2 / V), np.maximum(np.abs(mean - half), 1e-2 / V)
+        p1, p2 = (cos * gu + sin * gv) / l1, (-sin * gu + cos * gv) / l2
+        su, sv = -(cos * p1 - sin * p2), -(sin * p1 + cos * p2)
+        scale = np.minimum(1.0, 0.1 / np.maximum(np.maximum(np.abs(su), np.abs(sv)), 1e-300))
+        su, sv, t = su * scale, sv * scale, np.ones_like(u)
+        before = objective(u, v, w1, w2, y11, y22)
+        for _ in range(40):
+            worse = objective(u + t * su, v + t * sv, w1, w2, y11, y22) > before + 1e-15 * np.abs(before)
+            if not worse.any():
+                break
+            t = np.where(worse, t / 2, t)
+        u, v = u + t * su, v + t * sv
+        x1[idx], x2[idx] = u, v
+        moving = np.maximum(np.abs(gu), np.abs(gv)) >= 1e-10
+        if not moving.any():
+            break
+        idx, u, v, w1, w2, y11, y22 = (a[moving] for a in (idx, u, v, w1, w2, y11, y22))
+    return x1, x2
+
+
+def qmc_map(state, alpha: float, z: np.ndarray, omega: float = OMEGA, a=A) -> tuple[np.ndarray, float]:
+    """F(state) (4,) and ε_g at state = (q, m, θ, V) on the sample z (4, N)."""
+    q, m, theta, V = state
+    rho = SIGMA ** 2
+    xi1, xi2, y1, y2 = z
+    v_star = math.sqrt(rho - theta ** 2 / q)
+    w1, w2 = math.sqrt(q) * xi1 + m, math.sqrt(q) * xi2 - m
+    h1, h2 = v_star * y1 + theta / math.sqrt(q) * xi1, v_star * y2 + theta / math.sqrt(q) * xi2
+    y11 = (1 - omega) * expit(h1 * (h1 - h2)) + omega * a[0][0]
+    y22 = (1 - omega) * expit(h2 * (h2 - h1)) + omega * a[1][1]
+    p1, p2 = qmc_prox(w1, w2, y11, y22, V)
+    f1, f2 = (p1 - w1) / V, (p2 - w2) / V
+    q_hat, m_hat = alpha * np.mean(f1 * f1 + f2 * f2), alpha * np.mean(f1 - f2)
+    theta_hat = alpha * np.mean(f1 * y1 + f2 * y2) / v_star
+    V_hat = -alpha * np.mean(f1 * xi1 + f2 * xi2) / math.sqrt(q) + theta * theta_hat / q
+    D = LAM + rho * V_hat
+    new = np.array([rho * (rho * q_hat + m_hat ** 2 + rho * rho * theta_hat ** 2) / D ** 2, m_hat / D,
+                    rho * rho * theta_hat / D, rho / D])
+    eps_g = rho * np.mean((expit(w1 * (w1 - w2)) - y11) ** 2 + (expit(w2 * (w2 - w1)) - y22) ** 2)
+    return new, float(eps_g)
+
+
+def qmc_fixed_point(start, alpha: float, branch: str, z: np.ndarray, steps: int = 3) -> tuple[np.ndarray, float]:
+    """The fixed point of qmc_map near `start` (the branch's symmetric coordinate held at 0) by Newton's chord
+    method on a finite-difference Jacobian taken at the start; the state and ε_g there."""
+    free = [0, 2, 3] if branch == "semantic" else [0, 1, 3]
+    x = np.array(start, dtype=float)
+    x[[1] if branch == "semantic" else [2]] = 0.0
+    f, eps_g = qmc_map(x, alpha, z)
+    jac = np.zeros((3, 3))
+    for k, j in enumerate(free):
+        h = 1e-3 * max(abs(x[j]), 1e-2)
+        moved = x.copy()
+        moved[j] += h
+        jac[:, k] = (qmc_map(moved, alpha, z)[0][free] - f[free]) / h
+    jac -= np.eye(3)
+    for _ in range(steps):
+        x[free] -= np.linalg.solve(jac, f[free] - x[free])
+        f, eps_g = qmc_map(x, alpha, z)
+    return x, eps_g
+
+
+def library_map(state, alpha: float, solver: TH.Solver = TH.Solver()) -> np.ndarray:
+    """F(state) (4,) on the library's split rule (switches located afresh)."""
+    params = TH.make_params([alpha], [SIGMA], [LAM], [OMEGA], ["default"])
+    x = torch.tensor(state, dtype=torch.float64)[:, None]
+    outer = TH.OuterRule.gauss_hermite(solver.nodes)
+    switch, _, _ = TH.locate_switches(x, params, outer)
+    return TH.prior(TH.channel(x, params, TH.split_quadrature(switch, outer, solver.zeta_nodes)), params)[:, 0].numpy()
+
+
+@pytest.mark.parametrize("branch, state", [("semantic", (0.0566096, 0.0, 0.0508111, 27.46527)),
+                                           ("positional", (0.0392966, 0.2421997, 0.0, 17.83200))])
+def test_the_map_at_alpha_0_8_agrees_with_quasi_monte_carlo(branch, state):
+    """Near the fixed points at α = 0.8 the map on the split rule agrees with 2^17 Sobol points (and their mirror
+    images) to 0.3 % in q, V and the branch's θ or m; measured: within 0.15 %, the points' own spread over seeds
+    0.1 % in θ or m, 0.03 % in q and V. The proximal point jumps between mirror minima near ξ₁ = ξ₂; the 4-D tensor
+    rule (12 nodes per axis) that ignored it was off by 2.9 % in θ and 0.9 % in V (semantic), 1.4 % in m and
+    0.9 % in V (positional)."""
+    ours = library_map(state, 0.8)
+    independent, _ = qmc_map(state, 0.8, qmc_normal(16, seed=0))
+    j = 2 if branch == "semantic" else 1
+    assert ours[[0, j, 3]] == pytest.approx(independent[[0, j, 3]], rel=3e-3)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # The fixed point at the paper's anchor
 # --------------------------------------------------------------------------------------------------------------
 
@@ -125,18 +252,12 @@ def test_branch_structure(anchor):
     assert 0 < pos.q < sem.q and sem.V > 0 and pos.V > 0
 
 
-def test_doubling_the_nodes_moves_eps_g_by_less_than_0_2_percent(anchor):
-    finer = TH.theory_curve([2.0], SIGMA, LAM, OMEGA, solver=TH.Solver(nodes=2 * TH.DEFAULT_NODES))
-    finer = finer.set_index("branch")
-    for branch in TH.BRANCHES:
-        assert finer.loc[branch, "eps_g"] == pytest.approx(anchor.loc[branch, "eps_g"], rel=0.002)
-
-
 def test_alpha_c_and_which_branch_has_the_lower_training_loss():
     """α_c(0.3) ≈ 1.25-1.26 (SPEC §11); the training loss is −Φ: positional lower below α_c, semantic above."""
-    value = TH.alpha_c(OMEGA, SIGMA, LAM)
+    continuation = TH.Continuation()  # the points alpha_c solved on the way serve the curve too
+    value = TH.alpha_c(OMEGA, SIGMA, LAM, continuation=continuation)
     assert 1.24 <= value <= 1.27
-    curve = TH.theory_curve([value - 0.15, value + 0.15], SIGMA, LAM, OMEGA)
+    curve = TH.theory_curve([value - 0.15, value + 0.15], SIGMA, LAM, OMEGA, continuation=continuation)
     loss = -curve.set_index(["alpha", "branch"])["phi"]
     below, above = value - 0.15, value + 0.15
     assert loss[(below, "positional")] < loss[(below, "semantic")]
@@ -144,26 +265,29 @@ def test_alpha_c_and_which_branch_has_the_lower_training_loss():
 
 
 def test_a_point_that_does_not_converge_is_nan_not_a_number():
-    rows = TH.theory_curve([2.0], SIGMA, LAM, OMEGA, solver=TH.Solver(nodes=4, max_iter=3))
+    """Three evaluations of the map cannot finish Newton at the anchor: no branch there, so no point on it."""
+    rows = TH.theory_curve([2.0, 1.9], SIGMA, LAM, OMEGA, solver=TH.Solver(nodes=4, max_iter=3))
     assert not rows["converged"].any() and rows[["q", "m", "theta", "V", "eps_g", "phi"]].isna().all().all()
-    assert (rows["iterations"] == 3).all()
+    assert (rows["status"] == TH.NO_ANCHOR).all()
 
 
 def test_a_semantic_start_that_falls_to_theta_zero_is_not_reported_as_the_semantic_branch():
-    """At λ = 0.1, α = 1.5 the semantic start settles on the positional solution (θ = 0, the same m and ε_g):
-    there is no semantic solution there, so the point is not converged, never a tie between the branches."""
+    """At λ = 0.1 the semantic start settles at θ = 0 at α = 2, 1 and 0.5 (the positional solution's m and ε_g);
+    the semantic branch is found at α = 4 and, followed down, ends (θ → 0) near α = 2.9. At α = 1.5 there is no
+    semantic solution, so the point is not converged, never a tie between the branches."""
     rows = TH.fixed_points([1.5, 1.5], ["semantic", "positional"], sigma=[SIGMA] * 2, lam=[0.1] * 2,
                            omega=[OMEGA] * 2, teacher_A=["default"] * 2, solver=TH.Solver(nodes=6))
     sem, pos = rows.set_index("branch").loc["semantic"], rows.set_index("branch").loc["positional"]
-    assert not sem.converged and np.isnan([sem.q, sem.m, sem.theta, sem.eps_g, sem.phi]).all()
+    assert not sem.converged and sem.status == TH.BRANCH_ENDED
+    assert np.isnan([sem.q, sem.m, sem.theta, sem.eps_g, sem.phi]).all()
     assert pos.converged and pos.m > 0.1
+
 
 
 # --------------------------------------------------------------------------------------------------------------
 # The cache and the command line (coarse solvers: these check the plumbing, not the numbers)
 # --------------------------------------------------------------------------------------------------------------
 
-COARSE = TH.Solver(nodes=5)
 
 
 def test_cache_computes_once_and_is_keyed_by_the_parameters(tmp_path, monkeypatch):
@@ -180,6 +304,25 @@ def test_cache_computes_once_and_is_keyed_by_the_parameters(tmp_path, monkeypatc
     assert len(pd.read_csv(tmp_path / TH.CACHE_POINTS)) == 4
 
 
+def test_a_point_cached_by_an_earlier_algorithm_is_not_served(tmp_path):
+    """A cache written before THEORY_VERSION 2 (no version or zeta_nodes columns), or by version 1, holds the
+    same parameters and solver settings; its values are recomputed, not served."""
+    solver = TH.Solver(nodes=5, damping=0.8, tol=1e-6, max_iter=1000)  # settings an earlier version had too
+    point = {"sigma": 0.5, "lam": 0.01, "omega": 0.3, "teacher_A": "default", "alpha": 2.0, "branch": "semantic"}
+    stale = {**point, "nodes": 5, "damping": 0.8, "tol": 1e-6, "max_iter": 1000, "q": 0.1, "m": 0.0, "theta": 0.1,
+             "V": 12.0, "eps_g": 0.123, "phi": -0.1, "iterations": 7, "converged": True}
+
+    def served(cache: dict) -> float:
+        pd.DataFrame([{**stale, **cache}]).to_csv(tmp_path / TH.CACHE_POINTS, index=False)
+        got = TH.cached_points(pd.DataFrame([point]), tmp_path, solver)
+        assert len(got) == 1
+        return float(got["eps_g"].iloc[0])
+
+    assert served({}) == pytest.approx(0.0014, rel=0.03)
+    assert served({"zeta_nodes": solver.zeta_nodes, "version": TH.THEORY_VERSION - 1}) == pytest.approx(0.0014,
+                                                                                                        rel=0.03)
+
+
 def test_command_line_curve_and_alpha_c(tmp_path, capsys):
     out, png, simulated = tmp_path / "theory.csv", tmp_path / "eps_g.png", tmp_path / "sim.jsonl"
     simulated.write_text('{"alpha": 2.0, "init": "semantic", "eps_g": 0.0014, "seed": 0}\n')
@@ -188,11 +331,25 @@ def test_command_line_curve_and_alpha_c(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = pd.read_csv(out)
     assert list(table.columns) == ["alpha", "branch", "q", "m", "theta", "V", "eps_g", "phi", "iterations",
-                                   "converged"]
+                                   "converged", "status"]
     assert table[["alpha", "branch"]].values.tolist() == [[1.5, "semantic"], [1.5, "positional"],
                                                            [2.0, "semantic"], [2.0, "positional"]]
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert re.fullmatch(r"alpha_c\(omega=0\.3\) = 1\.\d{3}", last), last
+
+
+def test_the_figure_marks_where_a_branch_ends():
+    """The semantic branch ends inside the curve's range: its last point is marked × and labelled, no line drawn
+    through the points past its end."""
+    from pefusion.analysis.figures import theory_eps_g_figure
+
+    rows = [(0.7, "semantic", np.nan, "branch_ended"), (0.8, "semantic", 0.00355, "converged"),
+            (0.9, "semantic", 0.00314, "converged")] + [(a, "positional", 0.0033, "converged") for a in (0.7, 0.8, 0.9)]
+    curve = pd.DataFrame(rows, columns=["alpha", "branch", "eps_g", "status"])
+    ax = theory_eps_g_figure(curve.assign(converged=curve["status"] == "converged")).axes[0]
+    marks = [line for line in ax.lines if line.get_marker() == "x"]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [0.8]
+    assert [t.get_text() for t in ax.texts] == ["semantic branch ends below α = 0.8"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -200,6 +357,7 @@ def test_command_line_curve_and_alpha_c(tmp_path, capsys):
     (["--omega", "1.5", "--alpha-c"], "error: omega=1.5 is out of range; it must be in [0, 1]\n"),
     (["--A", "other"], "error: argument --A: invalid choice: 'other' (choose from 'standard', 'alt')\n"),
     (["--nodes", "1"], "error: nodes=1 is out of range; it must be an integer >= 2\n"),
+    (["--zeta-nodes", "1"], "error: zeta_nodes=1 is out of range; it must be an integer >= 2\n"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -264,3 +422,81 @@ def test_report_puts_the_theory_beside_a_phase_diagram_sweep_and_logs_it(tmp_pat
     assert "d → ∞" in page.read_text()
     logged = {a.path for a in client.list_artifacts(parent, "results")}
     assert {f"results/{TH.CACHE_POINTS}", f"results/{TH.CACHE_ALPHA_C}"} <= logged
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The whole curve (opt-in: minutes)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _steps_are_smooth(alpha: np.ndarray, eps_g: np.ndarray, skip_first: bool) -> list[str]:
+    """The steps of ε_g along α that break smoothness: one more than twice a neighbouring step (|d_i| > 2|d_i±1|),
+    except the first when `skip_first` (next to a branch end) and within two steps of a turn of ε_g (where the steps
+    change sign, their ratios mean nothing); and any second sign change of the second differences (a smooth curve
+    here bends at most once)."""
+    d = np.diff(eps_g)
+    turns = {i for i in range(len(d) - 1) if d[i] * d[i + 1] <= 0}
+    near_turn = {i + k for i in turns for k in range(-1, 3)}
+    bad = [f"step {alpha[i]:g}->{alpha[i + 1]:g} is {abs(d[i]):.2e}, a neighbour {abs(d[j]):.2e}"
+           for i in range(len(d)) for j in (i - 1, i + 1)
+           if 0 <= j < len(d) and not (skip_first and 0 in (i, j)) and i not in near_turn and abs(d[i]) > 2 * abs(d[j])]
+    bends = np.diff(np.sign(np.diff(d)))
+    if np.count_nonzero(bends) > 1:
+        bad.append(f"the second differences change sign {np.count_nonzero(bends)} times")
+    return bad
+
+
+@pytest.mark.slow  # ~1 min: the issue's 58 points, then three asked for alone
+def test_the_issue_curve_has_no_holes_no_jumps_and_a_documented_branch_end(tmp_path):
+    """`student_theory.py --omega 0.3 --alphas 0.6:2.0:0.05`: every point converged, except semantic ones past the
+    semantic branch's end (θ falls to 0 at α ≈ 0.77); each branch's ε_g smooth (_steps_are_smooth); a point asked
+    for alone equals the curve's (continuation from the anchor, never from the other points asked for)."""
+    out = tmp_path / "t.csv"
+    assert theory_main(["--omega", "0.3", "--alphas", "0.6:2.0:0.05", "--out", str(out)]) == 0
+    curve = pd.read_csv(out)
+    assert len(curve) == 58 and set(curve["status"]) <= {TH.CONVERGED, TH.BRANCH_ENDED}
+    sem = curve[curve["branch"] == "semantic"].sort_values("alpha")
+    pos = curve[curve["branch"] == "positional"].sort_values("alpha")
+    assert pos["converged"].all()
+    on = sem[sem["converged"]]
+    assert sem.loc[~sem["converged"], "alpha"].max() < on["alpha"].min() <= 0.8  # one end, at small α
+    fall = np.diff(on["theta"].to_numpy()[:4])
+    assert (fall > 0).all() and fall[0] > fall[1] > fall[2]  # θ falls ever faster into the end (θ → 0 there)
+    assert _steps_are_smooth(on["alpha"].to_numpy(), on["eps_g"].to_numpy(), skip_first=True) == []
+    assert _steps_are_smooth(pos["alpha"].to_numpy(), pos["eps_g"].to_numpy(), skip_first=False) == []
+    alone = TH.theory_curve([0.7, 0.8, 1.2], SIGMA, LAM, OMEGA).set_index(["alpha", "branch"])
+    both = curve.set_index(["alpha", "branch"]).loc[alone.index]
+    assert (alone["status"] == both["status"]).all()
+    values = ["q", "m", "theta", "V", "eps_g"]
+    assert alone[values].to_numpy() == pytest.approx(both[values].to_numpy(), rel=1e-6, abs=1e-12, nan_ok=True)
+
+
+SIX_ALPHAS = (0.6, 0.8, 1.0, 1.2, 1.5, 2.0)
+
+
+@pytest.mark.slow  # ~6 min: the six α at the default and doubled node counts, 11 independent fixed points
+def test_at_six_alphas_doubling_the_nodes_and_an_independent_fixed_point_move_eps_g_little(capsys):
+    """At α 0.6, 0.8, 1.0, 1.2, 1.5, 2.0 on both branches (the semantic one up to its end): doubling both node
+    counts (12 → 24 Gauss–Hermite per axis, 8 → 16 per side along ζ) moves ε_g by < 0.3 %, and the fixed point of
+    the independent quasi-Monte Carlo map (2^18 Sobol points and their mirror images, qmc_fixed_point from ours)
+    has ε_g within 1 %. Prints the table the README quotes."""
+    ours = TH.theory_curve(SIX_ALPHAS, SIGMA, LAM, OMEGA).set_index(["alpha", "branch"])
+    finer = TH.theory_curve(SIX_ALPHAS, SIGMA, LAM, OMEGA, solver=TH.Solver(nodes=24, zeta_nodes=16))
+    finer = finer.set_index(["alpha", "branch"])
+    z = qmc_normal(18, seed=0)
+    lines = ["alpha branch       eps_g(12,8)  eps_g(24,16)  change   eps_g(QMC)  ours-QMC"]
+    for (alpha, branch), row in ours.iterrows():
+        if alpha == 0.6 and branch == "semantic":  # past the semantic branch's end (α ≈ 0.77)
+            assert row["status"] == TH.BRANCH_ENDED and finer.loc[(alpha, branch), "status"] == TH.BRANCH_ENDED
+            lines.append(f"{alpha:5.1f} {branch:11s}  {row['status']}")
+            continue
+        assert row["converged"] and finer.loc[(alpha, branch), "converged"]
+        doubled = finer.loc[(alpha, branch), "eps_g"]
+        _, independent = qmc_fixed_point(row[["q", "m", "theta", "V"]].to_numpy(float), alpha, branch, z)
+        change, off = 100 * (doubled / row["eps_g"] - 1), 100 * (row["eps_g"] / independent - 1)
+        lines.append(f"{alpha:5.1f} {branch:11s}  {row['eps_g']:.7f}  {doubled:.7f}  {change:+.3f} %  "
+                     f"{independent:.7f}  {off:+.3f} %")
+        assert doubled == pytest.approx(row["eps_g"], rel=3e-3)
+        assert row["eps_g"] == pytest.approx(independent, rel=1e-2)
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))

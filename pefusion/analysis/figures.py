@@ -35,6 +35,7 @@ from pefusion.analysis import fusion_tables as FT
 from pefusion.analysis import runs as RU
 from pefusion.analysis import search as S
 from pefusion.analysis import student_tables as ST
+from pefusion.student.theory import BRANCH_ENDED
 
 DPI = 150
 Curve = Mapping[float, float]
@@ -275,14 +276,23 @@ def student_order_figure(summary: pd.DataFrame) -> Figure:
 
 def theory_eps_g_figure(curve: pd.DataFrame, simulated: pd.DataFrame | None = None, title: str = "") -> Figure:
     """ε_g against α on the semantic and positional branches of the d → ∞ theory (a theory_curve frame: columns
-    alpha, branch, eps_g, converged), with simulated points (columns alpha, init, eps_g; mean ± std over rows)
-    as markers in the branch's colour."""
+    alpha, branch, eps_g, converged, status), with simulated points (columns alpha, init, eps_g; mean ± std over
+    rows) as markers in the branch's colour. Where a branch ends inside the curve's range (status branch_ended),
+    its last point is marked × and labelled."""
     fig, axes = new_figure()
     ax = axes[0, 0]
     colors = {ST.SEMANTIC: "tab:blue", ST.POSITIONAL: "tab:red"}
     for branch, color in colors.items():
         rows = curve[(curve["branch"] == branch) & curve["converged"].astype(bool)].sort_values("alpha")
         ax.plot(rows["alpha"], rows["eps_g"], color=color, lw=1.6, label=f"{branch}, d → ∞ theory")
+        ended = curve[(curve["branch"] == branch) & (curve["status"] == BRANCH_ENDED)]
+        if len(ended) and len(rows):
+            below = ended["alpha"].max() < rows["alpha"].min()
+            last = rows.iloc[0] if below else rows.iloc[-1]
+            ax.plot(last["alpha"], last["eps_g"], ls="", marker="x", ms=9, mew=2, color=color)
+            ax.annotate(f"{branch} branch ends {'below' if below else 'above'} α = {last['alpha']:g}",
+                        (last["alpha"], last["eps_g"]), xytext=(8, 6), textcoords="offset points", fontsize=8,
+                        color=color)
         if simulated is not None and len(simulated):
             sim = simulated[simulated[R.INIT] == branch].groupby(R.ALPHA)[R.EPS_G].agg(["mean", "std", "size"])
             ax.errorbar(sim.index, sim["mean"], yerr=np.nan_to_num(sim["std"]), ls="", marker="o", ms=5,

@@ -277,8 +277,10 @@ def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None, al
     published = "" if alpha_c else " (published α_c(ω) unavailable: pefusion.student has no ALPHA_C_PUBLISHED)"
     beside = "" if theory is None else (
         f"<p class='muted'>Columns marked d → ∞ theory are the prediction "
-        f"(pefusion.student.theory, {theory.nodes} Gauss–Hermite nodes per axis) at each point's α, ω, σ and λ "
-        f"(λ* for λ-CV runs): ε_t's is −Φ, θ's is |Q*ᵀQ|/d; dashed lines on the figures.</p>")
+        f"(pefusion.student.theory: each branch followed from α = 2, {theory.nodes}³ Gauss–Hermite nodes × "
+        f"2·{theory.zeta_nodes} along ζ split at the proximal switch) at each point's α, ω, σ and λ "
+        f"(λ* for λ-CV runs): ε_t's is −Φ, θ's is |Q*ᵀQ|/d; dashed lines on the figures; empty where the "
+        f"point's branch has ended.</p>")
     summary = ST.student_summary(student)
     slice_keys = ("source", R.OMEGA, R.SIGMA, R.D, ST.LAM_FIXED)
     same, in_every_row = FM.constant_columns(summary, slice_keys)

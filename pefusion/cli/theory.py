@@ -56,13 +56,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--alpha-c", action="store_true", help="print alpha_c(omega), where the two branches' training "
                                                            "losses cross, as the last line")
     ap.add_argument("--nodes", type=int, default=TH.DEFAULT_NODES,
-                    help=f"Gauss-Hermite nodes per axis of the 4-D rule (default {TH.DEFAULT_NODES})")
+                    help=f"Gauss-Hermite nodes per axis of the (eta, y1, y2) rule (default {TH.DEFAULT_NODES})")
+    ap.add_argument("--zeta-nodes", type=int, default=TH.DEFAULT_ZETA_NODES,
+                    help=f"Gauss nodes along zeta = (xi1 - xi2)/sqrt2 on each side of the proximal point's switch "
+                         f"(default {TH.DEFAULT_ZETA_NODES})")
     ap.add_argument("--damping", type=float, default=TH.DEFAULT_DAMPING,
-                    help=f"x <- damping*x + (1-damping)*F(x) (default {TH.DEFAULT_DAMPING})")
+                    help=f"the anchor's approach iteration x <- damping*x + (1-damping)*F(x) "
+                         f"(default {TH.DEFAULT_DAMPING})")
     ap.add_argument("--tol", type=float, default=TH.DEFAULT_TOL,
-                    help=f"stop when one step changes q, m and theta by less than this (default {TH.DEFAULT_TOL})")
+                    help=f"a fixed point has |F(x) - x| below this in q, m and theta (default {TH.DEFAULT_TOL})")
     ap.add_argument("--max-iter", type=int, default=TH.DEFAULT_MAX_ITER,
-                    help=f"iterations before a point is reported not converged (default {TH.DEFAULT_MAX_ITER})")
+                    help=f"evaluations of the map per Newton attempt; a continuation step that needs more is "
+                         f"halved (default {TH.DEFAULT_MAX_ITER})")
     ap.add_argument("--figure", help="draw eps_g against alpha on both branches into this PNG")
     ap.add_argument("--simulated", help="with --figure: simulated points to put on the curve, a CSV or JSON lines "
                                         "with alpha, init, eps_g (what scripts/student_fit.py --json prints)")
@@ -73,7 +78,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Write the curve (--out, else print it as CSV unless --alpha-c) and print alpha_c per omega (--alpha-c)."""
     args = parser().parse_args(argv)
-    solver = TH.Solver(nodes=args.nodes, damping=args.damping, tol=args.tol, max_iter=args.max_iter)
+    solver = TH.Solver(nodes=args.nodes, zeta_nodes=args.zeta_nodes, damping=args.damping, tol=args.tol,
+                       max_iter=args.max_iter)
     if args.threads < 1:
         raise ConfigError(f"--threads {args.threads}: give at least 1")
     torch.set_num_threads(args.threads)
@@ -85,23 +91,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                    [teacher_A] * len(omegas))  # every value checked before any work
     if args.simulated and not args.figure:
         raise ConfigError("--simulated puts points on the figure: add --figure PNG")
+    continuation = TH.Continuation(solver)  # the curve's points, reused by alpha_c at the same omega
     if args.out or args.figure or not args.alpha_c:
         alphas = value_range("--alphas", args.alphas)
         start = time.perf_counter()
-        curve = TH.theory_curve(alphas, args.sigma, args.lam, args.omega, teacher_A, solver=solver)
+        curve = TH.theory_curve(alphas, args.sigma, args.lam, args.omega, teacher_A, solver=solver,
+                                continuation=continuation)
         seconds = time.perf_counter() - start
         if args.figure:
             _figure(curve, args)
         if args.out:
             curve.to_csv(args.out, index=False)
-            print(f"wrote {args.out}: {len(curve)} rows, {int(curve['converged'].sum())} converged, "
-                  f"{seconds:.1f} s", file=sys.stderr)
+            counts = curve["status"].value_counts()
+            print(f"wrote {args.out}: {len(curve)} rows, "
+                  + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in (TH.CONVERGED, TH.BRANCH_ENDED, TH.NO_ANCHOR)
+                              if counts.get(s, 0))
+                  + f", {seconds:.1f} s", file=sys.stderr)
         elif not args.figure:
             print(curve.to_csv(index=False), end="")
     if args.alpha_c:
         for omega in omegas:
             try:
-                value = f"{TH.alpha_c(omega, args.sigma, args.lam, teacher_A, solver):.3f}"
+                value = f"{TH.alpha_c(omega, args.sigma, args.lam, teacher_A, solver, continuation=continuation):.3f}"
             except ConfigError as exc:
                 if len(omegas) == 1:
                     raise
@@ -124,7 +135,7 @@ def _figure(curve: pd.DataFrame, args: argparse.Namespace) -> None:
         if missing:
             raise ConfigError(f"--simulated {args.simulated}: no column {sorted(missing)[0]!r} (needs alpha, init, "
                               f"eps_g)")
-    title = (f"σ = {args.sigma:g}, λ = {args.lam:g}, ω = {args.omega:g}, A {args.teacher_A}, "
-             f"{args.nodes}-node Gauss–Hermite")
+    title = (f"σ = {args.sigma:g}, λ = {args.lam:g}, ω = {args.omega:g}, A {args.teacher_A}; "
+             f"{args.nodes}³ Gauss–Hermite × 2·{args.zeta_nodes} split along ζ")
     theory_eps_g_figure(curve, simulated, title).savefig(args.figure, dpi=DPI)
     print(f"wrote {args.figure}", file=sys.stderr)
