@@ -101,9 +101,11 @@ def uninterrupted(tmp_path_factory, cache_dir):
 
 @pytest.mark.subprocess_ray
 # SIGTERM goes through the handler Ctrl-C uses (`_sigterm_as_ctrl_c`), so the default suite runs it alone; the
-# SIGINT run (~70 s) is `-m slow`.
+# SIGINT run (~70 s) is `-m slow`, and so is the stacked one (~60 s): CPU sweeps train separately by default, and
+# test_sweeps' stacked grid checks a stacked trial's runs in every record.
 @pytest.mark.parametrize("sig,variant", [pytest.param(signal.SIGINT, "separate", marks=pytest.mark.slow),
-                                         (signal.SIGTERM, "separate"), (signal.SIGTERM, "stacked")],
+                                         (signal.SIGTERM, "separate"),
+                                         pytest.param(signal.SIGTERM, "stacked", marks=pytest.mark.slow)],
                          ids=["SIGINT", "SIGTERM", "SIGTERM-stacked"])
 def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, cache_dir, uninterrupted, sig,
                                                                      variant):
@@ -314,7 +316,9 @@ def test_a_trial_whose_own_code_raises_runs_once_and_is_recorded_once(local_ray,
     assert failed[0].data.tags[R.TAG_ERROR] == "ValueError: bad value 7"
 
 
-@pytest.mark.parametrize("seeds,stack", [([0], False), ([0, 1], True)], ids=["trial", "stacked"])
+# The stacked case (~17 s) is `-m slow`: it restarts through the same checkpoint path, with every seed's state in it.
+@pytest.mark.parametrize("seeds,stack", [([0], False), pytest.param([0, 1], True, marks=pytest.mark.slow)],
+                         ids=["trial", "stacked"])
 def test_a_trial_process_killed_mid_training_resumes_from_its_checkpoint(local_ray, in_tmp, smoke_preset,
                                                                           smoke_corpus, seeds, stack):
     """SIGKILL of the trial's process after its 3rd epoch (the OOM killer, a preempted node): Ray restarts it from
