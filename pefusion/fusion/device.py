@@ -6,13 +6,13 @@ Every choice is a pure function of the device's kind and what it supports, so ea
 devices; `place` makes them for one process and applies them there (`configure`). On a CPU nothing changes: fp32,
 unpadded batches, PyTorch's kernels plus pefusion's CPU dropout kernel, as the CPU numbers were always computed.
 
-Why these choices on a GPU (measured on an H200, `scripts/bench_gpu.py`, README's GPU section):
+Why these choices on a GPU (the measurements, from `scripts/bench_gpu.py`, are in README's GPU section):
 - bf16 autocast by default: fp32 matrix products run without TF32 (PyTorch's "highest"), and fp32 attention can
-  only use the memory-efficient kernel; the paper's models trained 3-5x faster in bf16.
+  only use the memory-efficient kernel; the paper's models trained several times faster in bf16.
 - Batch widths rounded up to a multiple of 64: length-bucketed batches have hundreds of distinct widths, and a
   kernel planned per shape is planned again for every one of them, in every trial process.
-- cuDNN's attention off: it builds an execution graph per (batch, length) shape, which took 272 ms per step on new
-  lengths against 11 ms on lengths seen; the efficient kernel runs as fast on seen lengths and plans nothing.
+- cuDNN's attention off: it builds an execution graph per (batch, length) shape, so every new length paid for a
+  plan; the efficient kernel runs as fast on seen lengths and plans nothing.
   Flash attention takes no mask, and the model always passes its key-padding mask, so `efficient` is what runs.
 """
 from __future__ import annotations

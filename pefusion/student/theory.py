@@ -17,11 +17,11 @@ the central stationary point is still a minimum the flip is a steep but continuo
 hats' integrands are discontinuous there, and where the switch sits depends on the state. A fixed tensor rule in
 (ξ₁, ξ₂, y₁, y₂) samples the jump unevenly (on the semantic branch, m = 0, a quarter of a 12-node rule's mass lies
 on ξ₁ = ξ₂ itself) and cannot see the switch move with the state: its map is a staircase, on which the damped
-iteration cycles (no fixed point) or stops on a step (a jagged curve, ε_g off by 1-3 %). So the expectations are
-taken in (ζ, η, y₁, y₂): a tensor Gauss–Hermite rule in (η, y₁, y₂) and, on each of its lines, the switch ζ*
-located by bisection on the sign of p₁ − p₂ (proximal steps from (0, 0)) and a Gauss rule for the normal density
-on each side of it (`normal_gauss_rules`). The integrand is smooth on each side, so a few nodes per side converge,
-and the map is continuous in the state.
+iteration cycles (no fixed point) or stops on a step (a jagged curve, ε_g off: README's student theory section
+has the numbers). So the expectations are taken in (ζ, η, y₁, y₂): a tensor Gauss–Hermite rule in (η, y₁, y₂)
+and, on each of its lines, the switch ζ* located by bisection on the sign of p₁ − p₂ (proximal steps from (0, 0))
+and a Gauss rule for the normal density on each side of it (`normal_gauss_rules`). The integrand is smooth on each
+side, so a few nodes per side converge, and the map is continuous in the state.
 
 Where the switch moves with the state, it feeds back: on the semantic branch the response of F_θ to θ through it
 puts an eigenvalue of the map near 1 towards the branch's end (θ → 0 at α ≈ 0.77 for ω = 0.3), so a damped
