@@ -1,4 +1,4 @@
-"""Benchmarks of the student-attention library against straightforward implementations (issue #4), single core.
+"""Benchmarks of the student-attention library against straightforward implementations, single core.
 
     python scripts/bench_student.py                    # the three measurements, one JSON line each
     python scripts/bench_student.py --naive-iters 500  # time 500 naive steps and extrapolate to 5 000 (said so)

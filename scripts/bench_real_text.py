@@ -1,9 +1,9 @@
-"""Real-text benchmark (issue 18): the text preset's search against a hand-tuned notebook's settings, TF-IDF +
-logistic regression, and the paper's recipe, on ../shared/data/imdb/small or any --data-dir. The benchmark lives
-in benchmarks/real_text.py; `--help` says what it runs.
+"""Real-text benchmark: the text preset's search against a hand-tuned notebook's settings, TF-IDF + logistic
+regression, and the paper's recipe, on the corpus in --data-dir. The benchmark lives in benchmarks/real_text.py;
+`--help` says what it runs, docs/benchmarks.md what it measured.
 
-    python scripts/bench_real_text.py            # about 40 minutes on 2 cores
-    python scripts/bench_real_text.py --quick    # a few minutes
+    python scripts/bench_real_text.py --data-dir DIR            # the full benchmark
+    python scripts/bench_real_text.py --data-dir DIR --quick    # the pipeline checked, 4 samples and 1 epoch
 """
 import sys
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Benchmarks of the student-attention library against straightforward implementations (issue #4), single core.
+"""Benchmarks of the student-attention library against straightforward implementations, single core.
 The benchmarks live in benchmarks/student.py, which says what they measure.
 
     python scripts/bench_student.py                    # the three measurements, one JSON line each

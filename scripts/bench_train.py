@@ -1,4 +1,4 @@
-"""Training-throughput benchmark (issue #2, item 5): the library's pipeline vs the paper notebook's, side by side.
+"""Training-throughput benchmark: the library's pipeline vs the paper notebook's, side by side.
 The benchmark lives in benchmarks/train.py; `--help` says what it measures.
 
     python scripts/bench_train.py --make-data /tmp/bench_loguniform --n-docs 1000 --length-dist loguniform

@@ -1,4 +1,4 @@
-"""Check the student-attention reproduction of issue #4 against the published numbers.
+"""Check the student-attention reproduction against the published numbers (docs/student.md).
 
     python scripts/reproduce_student.py            # d = 1000, seeds 0 1 2, 50 000 test samples, 10 % tolerance
 

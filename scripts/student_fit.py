@@ -1,4 +1,4 @@
-"""Fit one point of the Cui et al. student-attention model and print its metrics (SPEC §4).
+"""Fit one point of the Cui et al. student-attention model and print its metrics (docs/student.md).
 
     python scripts/student_fit.py --d 1000 --alpha 2 --omega 0.3 --sigma 0.5 --lam 0.01 --init semantic --json
 

@@ -1,4 +1,4 @@
-"""The d → ∞ prediction of the student attention model (SPEC §11): the replica fixed point on the semantic and
+"""The d → ∞ prediction of the student attention model (docs/theory.md): the replica fixed point on the semantic and
 positional branches, and α_c(ω) where their training losses cross.
 
     python scripts/student_theory.py --omega 0.3 --alphas 0.2:3.0:0.1 --out theory.csv    # one curve

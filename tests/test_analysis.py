@@ -430,7 +430,7 @@ def test_report_student_sweep(store, tmp_path, capsys):
     argv = ["--tracking-uri", store["uri"], "--experiment", "student-attention", "--parent-run", store["cv"],
             "--out", str(tmp_path), "--no-log"]
     assert load_script("scripts/report.py").main(argv) == 0
-    # the theory takes minutes the first time: said as it starts, and how long it took (issue 30)
+    # the theory takes minutes the first time: said as it starts, and how long it took
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("report: solving the d → ∞ theory at every point (minutes; cached in "), lines
     assert re.fullmatch(r"report: the d → ∞ theory ready in \d+ s", lines[1]), lines

@@ -1,5 +1,6 @@
-"""Field conditions (SPEC §9), as a user meets them: Ctrl-C or SIGTERM then the printed `--resume` command, a
-request no node can hold, a trial process killed mid-training, a trial whose own code raises, progress lines.
+"""What a sweep promises when things fail (docs/operations.md), as a user meets it: Ctrl-C or SIGTERM then the printed
+`--resume` command, a request no node can hold, a trial process killed mid-training, a trial whose own code raises,
+progress lines.
 
 Process behaviour (signals, exit codes, what is printed) is tested on real driver processes; the rest on a real
 local Ray in this process. MLflow is a real sqlite store throughout.
@@ -473,7 +474,7 @@ def test_a_trial_that_ends_is_said_with_the_trial_that_took_its_place_running(ca
 
 
 def test_the_time_left_counts_epochs_from_the_first_one(capsys):
-    """Issue 30: three trials of 20 planned epochs, 10 s an epoch, none ended: at epoch 4 the line gives the time
+    """Three trials of 20 planned epochs, 10 s an epoch, none ended: at epoch 4 the line gives the time
     left of 16 more epochs (within 10 %), an upper bound since early stopping may end them sooner, and the epochs
     the running trials have done of those planned. Once one ends early, at epoch 6, a trial's length is what it ran
     (the measured epochs), no longer the plan."""

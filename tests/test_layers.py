@@ -1,4 +1,4 @@
-"""The imports of `pefusion/data` point one way (issue 30, item 6): no module imports, at run time, inside a
+"""The imports of `pefusion/data` point one way: no module imports, at run time, inside a
 function or under `TYPE_CHECKING`, a module that imports it back, directly or through others. Read from the
 source with `ast`, so a type-only import counts like any other."""
 from __future__ import annotations

@@ -325,15 +325,15 @@ FUSION_PARAMETERS = {
 
 def reference_fuse(fusion: str, w: dict[str, torch.Tensor], E: torch.Tensor, P: torch.Tensor,
                    pad: torch.Tensor | None = None, order: str = "EP") -> torch.Tensor:
-    """H = fuse(E, P) of SPEC §1 in plain tensor algebra on the operator's parameters `w` (never its modules).
+    """H = fuse(E, P) of docs/model.md in plain tensor algebra on the operator's parameters `w` (never its modules).
 
     `order="PE"` feeds [P; E] instead of [E; P] to the sub-network: the test uses it to show that its random
-    weights tell the two orders apart. gate_cnn: SPEC's depthwise Conv1d over the positions of P with "same"
+    weights tell the two orders apart. gate_cnn: the paper's depthwise Conv1d over the positions of P with "same"
     (zero) padding, K odd, written as a cross-correlation (PyTorch's Conv1d, no kernel flip):
         z[b, t, c] = bias[c] + Σ_k weight[c, 0, k] · P̃[b, t + k − K//2, c]
-    with one deliberate addition to SPEC (pefusion/fusion.py, ConvGate): P̃ is P with the batch's padding
-    positions zeroed as well as the positions outside 0..T−1, so a document's gates near its end do not depend on
-    how much padding its batch has.
+    with one deliberate addition to the paper (pefusion/fusion/operators.py, ConvGate): P̃ is P with the batch's padding
+    positions zeroed as well as the positions outside 0..T−1, so a document's gates near its end do not depend on how
+    much padding its batch has.
     """
     P = P.expand_as(E)
     if fusion == "add":
@@ -375,8 +375,8 @@ def float64_fusion(fusion: str, seed: int = 0) -> tuple[nn.Module, dict[str, tor
 
 @pytest.mark.parametrize("fusion", FUSIONS)
 def test_fusion_operator_values(fusion):
-    """Each operator equals SPEC's formula computed from its parameters, in float64, with random E and P and a
-    batch of a full and a padded document."""
+    """Each operator equals its formula (docs/model.md) computed from its parameters, in float64, with random E and
+    P and a batch of a full and a padded document."""
     op, w = float64_fusion(fusion)
     gen = torch.Generator().manual_seed(1)
     E = torch.randn(2, 6, D, dtype=torch.float64, generator=gen)
@@ -386,7 +386,7 @@ def test_fusion_operator_values(fusion):
         H = op(E, P, pad)
     assert H.shape == (2, 6, D)
     expected = reference_fuse(fusion, w, E, P, pad)
-    # gate_cnn's H at padding positions is masked out downstream and SPEC says nothing of it: compare real ones
+    # gate_cnn's H at padding positions is masked out downstream and no formula defines it: compare real ones
     compared = ~pad if fusion == "gate_cnn" else torch.ones_like(pad)
     torch.testing.assert_close(H[compared], expected[compared], atol=1e-12, rtol=1e-12)
     if fusion in ("concat", "mlp", "gate_scalar", "gate_vector", "mlp_gate"):  # the operators fed [E; P]: their
@@ -434,7 +434,7 @@ def test_encoder_layer_equals_torch_transformer_encoder_layer(norm_first, activa
 
 
 def reference_positions(pe_type: str, w: dict[str, torch.Tensor], T: int) -> torch.Tensor:
-    """P (T, d) of SPEC §1: the fixed tables written out, the learned ones read from the model's parameters."""
+    """P (T, d) of docs/model.md: the fixed tables written out, the learned ones read from the model's parameters."""
     t = torch.arange(T, dtype=torch.float64)[:, None]
     angle = t / 10000.0 ** (2 * torch.arange(D // 2, dtype=torch.float64) / D)  # (T, d/2): t·f_i
     if pe_type == "sinusoidal":  # interleaved: P[t, 2i] = sin, P[t, 2i + 1] = cos
@@ -464,8 +464,8 @@ TEXT_RECIPE = dict(norm_first=True, activation="gelu", final_norm=True, embed_sc
     ("sinusoidal", "add", TEXT_RECIPE), ("learned", "gate_vector", dict(TEXT_RECIPE, embed_scale=True))])
 def test_classifier_equals_paper_model_built_from_torch_modules(pe_type, fusion, recipe):
     """Logits = head(mean over real tokens of TransformerEncoder(fuse(Embedding(x)·√d, P))), with PyTorch's own
-    encoder stack (and its final LayerNorm for final_norm) and everything else from SPEC's formulas on the model's
-    parameters by name."""
+    encoder stack (and its final LayerNorm for final_norm) and everything else from the formulas of docs/model.md on
+    the model's parameters by name."""
     model = tiny_model(pe_type, fusion, **recipe).eval()
     final = nn.LayerNorm(D) if recipe.get("final_norm") else None
     stack = nn.TransformerEncoder(

@@ -1,4 +1,4 @@
-"""Tests of the Cui et al. student-attention library (SPEC §4–5): teacher data, the reduced (Gram) student against
+"""Tests of the Cui et al. student-attention library (docs/student.md): teacher data, the reduced (Gram) student against
 the direct (n, L, d) model, batched replicas, K-fold CV, determinism, input validation and a reduced reproduction.
 
 The full reproduction (d = 1000) is `pytest -m slow tests/test_student.py` or `python scripts/reproduce_student.py`.
@@ -26,7 +26,7 @@ torch.set_num_threads(1)
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Direct references, written from the definitions (SPEC §4), one sample / one token pair at a time
+# Direct references, written from the definitions (docs/student.md), one sample / one token pair at a time
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -400,7 +400,7 @@ def test_cli_exit_code_in_a_real_process():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Reproduction (SPEC §4, issue #4)
+# Reproduction (docs/student.md)
 # --------------------------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Tests of the student theory (SPEC §11, pefusion.student.theory): one step of the fixed-point map against a slow
+"""Tests of the student theory (docs/theory.md, pefusion.student.theory): one step of the fixed-point map against a slow
 reference written here from the equations (scipy's BFGS per quadrature node), the map on the library's split rule
 against a quasi-Monte Carlo estimate written here (its own proximal solver), the paper's anchors at α = 2, the
 branch structure, α_c(0.3) and the order of the training losses around it, continuation (a point's value does not
@@ -31,7 +31,7 @@ COARSE = TH.Solver(nodes=5)  # for the tests of the plumbing (continuation, cach
 
 
 # --------------------------------------------------------------------------------------------------------------
-# A slow reference from SPEC §11: a scalar optimiser per node, plain loops
+# A slow reference from the equations of docs/theory.md: a scalar optimiser per node, plain loops
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -238,7 +238,7 @@ def test_anchor_alpha_2_matches_the_paper_and_the_d1000_simulation(anchor):
     assert anchor["converged"].all()
     sem, pos = anchor.loc["semantic"], anchor.loc["positional"]
     assert sem.eps_g == pytest.approx(0.0014, rel=0.03) and pos.eps_g == pytest.approx(0.0035, rel=0.03)
-    # the project's d = 1000 simulation (README: mean of seeds 0-2) and its overlaps θ = |Q*ᵀQ|/d, m
+    # the project's d = 1000 simulation (docs/student.md: mean of seeds 0-2) and its overlaps θ = |Q*ᵀQ|/d, m
     assert sem.eps_g == pytest.approx(0.0014334, rel=0.05) and pos.eps_g == pytest.approx(0.0034528, rel=0.05)
     assert TH.simulation_theta(sem.theta, SIGMA) == pytest.approx(0.63494, rel=0.05)
     assert pos.m == pytest.approx(0.25992, rel=0.05)
@@ -253,7 +253,8 @@ def test_branch_structure(anchor):
 
 
 def test_alpha_c_and_which_branch_has_the_lower_training_loss():
-    """α_c(0.3) ≈ 1.25-1.26 (SPEC §11); the training loss is −Φ: positional lower below α_c, semantic above."""
+    """α_c(0.3) ≈ 1.25-1.26 from these equations (the authors' table: 1.241); the training loss is −Φ: positional
+    lower below α_c, semantic above."""
     continuation = TH.Continuation()  # the points alpha_c solved on the way serve the curve too
     value = TH.alpha_c(OMEGA, SIGMA, LAM, continuation=continuation)
     assert 1.24 <= value <= 1.27
@@ -401,7 +402,7 @@ def test_report_puts_the_theory_beside_a_phase_diagram_sweep_and_logs_it(tmp_pat
     exp = client.create_experiment("student-attention", artifact_location=(tmp_path / "artifacts").as_uri())
     parent = client.create_run(exp, tags={R.TAG_ROLE: "sweep", R.TAG_SWEEP: "phase_diagram"}).info.run_id
     client.set_terminated(parent, "FINISHED")
-    for alpha in (1.0, 2.0):  # the README's d = 1000 values at α = 2; made-up ones at α = 1
+    for alpha in (1.0, 2.0):  # docs/student.md's d = 1000 values at α = 2; made-up ones at α = 1
         trial = client.create_run(exp, tags={R.TAG_PARENT: parent, R.TAG_ROLE: "trial", R.TAG_TRIAL_ID: str(alpha),
                                              R.TAG_STATUS: R.STATUS_OK}).info.run_id
         params = {R.ALPHA: alpha, R.OMEGA: 0.3, R.SIGMA: 0.5, R.D: 1000, R.SEED: 0, R.LAMBDA: 0.01}
@@ -479,7 +480,7 @@ def test_at_six_alphas_doubling_the_nodes_and_an_independent_fixed_point_move_ep
     """At α 0.6, 0.8, 1.0, 1.2, 1.5, 2.0 on both branches (the semantic one up to its end): doubling both node
     counts (12 → 24 Gauss–Hermite per axis, 8 → 16 per side along ζ) moves ε_g by < 0.3 %, and the fixed point of
     the independent quasi-Monte Carlo map (2^18 Sobol points and their mirror images, qmc_fixed_point from ours)
-    has ε_g within 1 %. Prints the table the README quotes."""
+    has ε_g within 1 %. Prints the table docs/theory.md quotes."""
     ours = TH.theory_curve(SIX_ALPHAS, SIGMA, LAM, OMEGA).set_index(["alpha", "branch"])
     finer = TH.theory_curve(SIX_ALPHAS, SIGMA, LAM, OMEGA, solver=TH.Solver(nodes=24, zeta_nodes=16))
     finer = finer.set_index(["alpha", "branch"])

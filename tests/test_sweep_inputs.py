@@ -11,7 +11,7 @@ from pefusion.errors import ConfigError
 
 
 BAD_INPUTS = [
-    # the flag the user typed, not the search-space file it narrows (issue 30)
+    # the flag the user typed, not the search-space file it narrows
     (["--pe-types", "sinusoidal,fourier"], "--pe-types sinusoidal,fourier: pe_type: 'fourier' is not allowed"),
     (["--fusions", "gated"], "--fusions gated: fusion: 'gated' is not allowed"),
     (["--pe-types", "rotary", "--fusions", "add"], "fusion='none'"),
@@ -19,7 +19,7 @@ BAD_INPUTS = [
     (["--tracking-uri", "http://127.0.0.1:9"], "unreachable"),
     (["--cpus-per-trial", "0"], "--cpus-per-trial"),
     (["--gpus-per-trial", "lots"], "--gpus-per-trial 'lots': give a number of GPUs per trial"),
-    # where --resume looked, and how to point it elsewhere (issue 30)
+    # where --resume looked, and how to point it elsewhere
     (["--resume"], "(--storage-path's default: ./ray_results of the folder the command runs in); pass the "
                    "--storage-path and --name the sweep ran with"),
     (["--resume", "--storage-path", "/nonexistent/rr", "--name", "x"],
@@ -65,7 +65,7 @@ def test_exit_code_2_and_one_line_from_the_command_line(tmp_path):
 
 
 def test_data_file_not_utf8_is_one_line_with_its_byte_offset(tmp_path):
-    """Issue 10's bad file through the real command: a Latin-1 byte in a --data-dir JSONL file."""
+    """A data file that is not UTF-8, through the real command: a Latin-1 byte in a --data-dir JSONL file."""
     train = write_synthetic_corpus(tmp_path / "data", n_train=20, n_val=5, n_test=5)["train"]
     good = train.read_bytes()
     first = good.index(b"\n") + 1

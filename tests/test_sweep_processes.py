@@ -128,7 +128,7 @@ def _ray_cli() -> str:
 
 @pytest.fixture
 def head_node():
-    """`ray start --head` as the README's cluster section has it, kept off anything else on the machine: free
+    """`ray start --head` as docs/operations.md's cluster section has it, kept off anything else on the machine: free
     ports (6379, 10001 and 52365 may be a user's cluster), a temp dir of its own, token authentication set
     explicitly for the head and for the sweep (as on every node of a real cluster; the token is the session's).
 

@@ -146,8 +146,8 @@ def test_a_range_over_a_tokeniser_key_is_refused_before_ray_starts(smoke_preset)
 
 
 def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, in_tmp, smoke_preset, smoke_corpus):
-    """Every SPEC §3 metric, per-epoch series at step = epoch, full config as params, and a checkpoint that
-    loads with weights_only=True and reproduces the recorded test accuracy."""
+    """Every metric of a trial's record (docs/operations.md), per-epoch series at step = epoch, full config as
+    params, and a checkpoint that loads with weights_only=True and reproduces the recorded test accuracy."""
     import mlflow
 
     from pefusion.fusion.trainable import load_checkpoint
@@ -439,7 +439,7 @@ def test_mlflow_child_runs_hold_the_csv_values_and_the_parent_its_provenance(bes
         assert [m.step for m in history] == list(range(1, epochs + 2))  # each epoch once, then the final value
         assert metrics[R.BEST_VAL_ACC] == max(per_epoch)
         assert metrics[R.BEST_EPOCH] == per_epoch.index(max(per_epoch)) + 1
-        assert metrics[R.VAL_ACC] == metrics[R.BEST_VAL_ACC]  # README: the final val_acc is the restored best's
+        assert metrics[R.VAL_ACC] == metrics[R.BEST_VAL_ACC]  # the final val_acc is the restored best's
         assert per_epoch[-1] < max(per_epoch)  # the corpus's construction (conftest): the last epoch scores lower
 
         buckets = json.loads((_download(sweep, run.info.run_id, R.ARTIFACT_LENGTH_BUCKETS)).read_text())

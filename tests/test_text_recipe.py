@@ -1,6 +1,6 @@
-"""Real-text recipe (issue 18): the tokenisers against hand-written expectations, vocabularies from the training
-split only, the learning-rate schedule against its closed form, resume in the middle of a schedule, and the
-tokeniser keys of a search space (one corpus per distinct setting)."""
+"""Real-text recipe (docs/model.md, "Your own corpus"): the tokenisers against hand-written expectations, vocabularies
+from the training split only, the learning-rate schedule against its closed form, resume in the middle of a schedule,
+and the tokeniser keys of a search space (one corpus per distinct setting)."""
 from __future__ import annotations
 
 import dataclasses

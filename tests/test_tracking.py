@@ -137,7 +137,7 @@ def test_a_trial_whose_writes_were_all_lost_is_written_from_what_ray_stored(reco
     assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.5)]
 
 
-# --- what the machine did: MLflow's system metrics on the parent run (issue 30) ------------------------------
+# --- what the machine did: MLflow's system metrics on the parent run -----------------------------------------
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:

@@ -1,4 +1,4 @@
-"""A tracking server that goes away mid-sweep never costs a metric (issue 10, item 5).
+"""A tracking server that goes away mid-sweep never costs a metric (docs/operations.md).
 
 A real `mlflow server` on 127.0.0.1 is stopped (its whole process group) once the sweep's first trial is recorded,
 kept down for OUTAGE seconds and started again on the same port with the same store and artifact folder. The

@@ -6,8 +6,8 @@ Two ways to cut a text into words (`WORD_TOKENIZERS`):
   two words besides `guns`) and markup becomes words (`<br`, `/><br`).
 - `words`: lowercase runs of letters (any script; an apostrophe inside a word keeps `don't` whole); digits,
   punctuation and markup tags such as `<br />` are dropped. On real text this shrinks the vocabulary by a third
-  (IMDB's 4 000-review cut: 30 756 -> 21 067 entries) and gains several points of accuracy (README, "Your own
-  corpus").
+  (IMDB's 4 000-review cut: 30 756 -> 21 067 entries) and gains several points of accuracy (docs/model.md,
+  "Your own corpus").
 The vocabulary is PAD=0, UNK=1, then the frequent words of the training split only, so words seen only in
 validation or test read as UNK. Strings in, int arrays out: it knows nothing of where the texts come from or where
 the ids are kept. Subword vocabularies (`wordpiece`, `bpe`) are `pefusion.data.subword`'s.

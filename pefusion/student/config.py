@@ -1,4 +1,5 @@
-"""Study B's configuration, published facts and rules (Cui, Behrens, Krzakala & Zdeborová, NeurIPS 2024; SPEC §4).
+"""Study B's configuration, published facts and rules (Cui, Behrens, Krzakala & Zdeborová, NeurIPS 2024;
+docs/student.md).
 
 Owns `StudentConfig` (one point: data, student, optimiser) and its validation, the allowed options (INITS,
 OPTIMS, DTYPES, TEACHER_A), the authors' optimiser settings (attention and linear baseline), and the paper's
@@ -33,8 +34,8 @@ ALPHA_C_PUBLISHED: dict[float, float] = {
 }
 # α_l(ω): semantic attention starts to beat the dense linear baseline in ε_g.
 ALPHA_L_PUBLISHED: dict[float, float] = {0.0: 0.722, 0.1: 0.851, 0.2: 1.071, 0.3: 1.4506, 0.35: 1.750, 0.38: 1.993}
-# The reproduction point of issue #4: d = 1000, σ = 0.5, ω = 0.3, λ = 0.01, α = 2, full-batch GD, 50 000 test
-# samples, mean over 3 data seeds; and which initialisation reaches the lower training loss at two α.
+# The reproduction point (scripts/reproduce_student.py): d = 1000, σ = 0.5, ω = 0.3, λ = 0.01, α = 2, full-batch
+# GD, 50 000 test samples, mean over 3 data seeds; and which initialisation reaches the lower training loss at two α.
 REPRODUCTION_POINT = {"d": 1000, "sigma": 0.5, "omega": 0.3, "lam": 0.01, "alpha": 2.0, "n_test": 50_000}
 REPRODUCTION_PUBLISHED = {"eps_g_semantic": 0.00144, "eps_g_positional": 0.00349, "eps_lin": 0.0020,
                           "theta_semantic": 0.63, "m_positional": 0.26}

@@ -1,4 +1,4 @@
-"""λ cross-validation and the per-point runners that the student sweeps call (SPEC §4–5).
+"""λ cross-validation and the per-point runners that the student sweeps call (docs/student.md).
 
 `run_cv_point` fits, for every λ of the grid, the K fold students AND the refit on all n samples as ONE batched
 program (R = |grid|·(K+1) replicas sharing the point's data): each replica's loss is a weighted sum over the

@@ -1,5 +1,5 @@
 """Fitting study B's models, full batch: the attention students (`fit_students`, R at once) from their three
-initialisations (`initial_q`), and the authors' dense linear baseline (`fit_linear`), SPEC §4.
+initialisations (`initial_q`), and the authors' dense linear baseline (`fit_linear`); docs/student.md.
 
 A student minimises Σ_μ w_μ ‖ŷ_μ − y_μ‖²/(2d) + (λ/2)‖Q‖² by full-batch GD (lr 0.15, 5 000 steps) or Adam
 (lr 0.01, 2 500), the authors' settings (config.OPTIM_DEFAULTS); the errors and their gradient are model.py's.

@@ -1,4 +1,5 @@
-"""The teacher–student model of dot-product attention of Cui, Behrens, Krzakala & Zdeborová (NeurIPS 2024), SPEC §4.
+"""The teacher–student model of dot-product attention of Cui, Behrens, Krzakala & Zdeborová (NeurIPS 2024);
+docs/student.md states it.
 
 Owns the teacher (Q*, tokens, teacher outputs), the positional encodings, the per-sample statistics
 (`SampleStats`), a point's training and test data, and the student's forward/error algebra: its per-sample

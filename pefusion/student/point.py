@@ -1,4 +1,4 @@
-"""One point's metrics and record, and `fit_point`, the single-student run of scripts/student_fit.py (SPEC §4).
+"""One point's metrics and record, and `fit_point`, the single-student run of scripts/student_fit.py (docs/student.md).
 
 Owns ε_t (`training_losses`), the overlaps m and θ, `point_metrics` (with ε_g and the linear baseline's ε_lin
 from `model.test_errors`) and `config_record`, the point's identity under the record names.
