@@ -252,7 +252,7 @@ PRESETS: dict[str, Preset] = {
         data=DataConfig(synthetic=True, synthetic_task="spread", synthetic_train=900, synthetic_val=1000,
                         synthetic_test=500, max_len=64, length_edges=(128, 512)),
     ),
-    # The recipe to start from on a new corpus (README, "Your own corpus"), from measurements on real text (IMDB,
+    # The recipe to start from on a new corpus (docs/model.md, "Your own corpus"), from measurements on real text (IMDB,
     # 20 Newsgroups): lowercase alphabetic words instead of the paper's whitespace split (punctuated and cased
     # forms of a word were different words), and a pre-LN + GELU stack with a final LayerNorm instead of post-LN +
     # ReLU: each alone gained 3-6 points at the 20 Newsgroups notebook's model size, together 10. A small corpus

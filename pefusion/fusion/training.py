@@ -1,8 +1,8 @@
 """Training and evaluation of one PE-fusion trial: epochs, early stopping, best-checkpoint restore, test metrics.
 
 `Trainer` is the unit of one trial (build, restore, step); `train_and_evaluate` is the one epoch loop, driven by
-the Ray Tune trainable (which reports each epoch through `on_epoch`), scripts and tests. It ends in the SPEC §3
-record, a plain dict keyed by `pefusion.record` names.
+the Ray Tune trainable (which reports each epoch through `on_epoch`), scripts and tests. It ends in the trial's
+record (docs/operations.md, MLflow), a plain dict keyed by `pefusion.record` names.
 
 Why a class with `state_dict()`: a Tune trial may be killed and resumed; the checkpoint carries the model, the
 optimiser, the early-stopping counters, the best weights and the RNG state, so a resumed trial continues
@@ -267,7 +267,7 @@ class Trainer:
                 "preds": preds}
 
     def measure_latency(self, split: EncodedSplit) -> tuple[float, float]:
-        """Milliseconds per sample over `timing_repeats` full passes after `timing_warmup` passes (SPEC §3)."""
+        """Milliseconds per sample over `timing_repeats` full passes after `timing_warmup` passes."""
         return self.forward_latency(list(self.batches(split, shuffle=False)))
 
     @torch.no_grad()
@@ -293,7 +293,7 @@ class Trainer:
         return float(np.mean(times)), float(statistics.pstdev(times))
 
     def final_record(self, length_edges: tuple[int, ...]) -> dict[str, Any]:
-        """Restore the best checkpoint, test it, time it: the SPEC §3 record (status ok)."""
+        """Restore the best checkpoint, test it, time it: the trial's record (status ok)."""
         if self.best_state is not None:
             self.model.load_state_dict(self.best_state)
         val = self.evaluate(self.corpus.validation)
@@ -342,7 +342,7 @@ def length_bucket_accuracy(split: EncodedSplit, preds: np.ndarray, edges: tuple[
 def train_and_evaluate(model_cfg: ModelConfig, train_cfg: TrainConfig, corpus: EncodedCorpus, *,
                        length_edges: tuple[int, ...], on_epoch: Callable[[dict, Trainer], None] | None = None,
                        trainer: Trainer | None = None) -> dict[str, Any]:
-    """Run a whole trial (or the rest of a restored one) and return its SPEC §3 record.
+    """Run a whole trial (or the rest of a restored one) and return its record.
 
     A non-finite loss stops training and returns a record with status 'diverged' and the reason; it never raises.
     """

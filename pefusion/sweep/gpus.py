@@ -5,7 +5,7 @@ fit together end in CUDA out-of-memory errors. `auto` has the study measure the 
 this machine's card (its probe, run in a fresh process so that the driver never holds the card the trials share)
 and packs as many trials per card as fit with a margin: `pack_trials`, a pure function of the numbers.
 
-Assumed, and said in the README: every card a trial may land on is like the driver's card 0 (a cluster of mixed
+Assumed, and said in docs/gpus.md: every card a trial may land on is like the driver's card 0 (a cluster of mixed
 cards needs an explicit fraction), and a trial is one process on one card.
 """
 from __future__ import annotations
