@@ -32,7 +32,7 @@ SPACE = SEARCH_SPACES / "arxiv_grid_demo.yaml"
 
 def sweep(preset_name: str, space, corpus, stack: bool, folder: Path, concurrency: int) -> dict[str, Any]:
     """One grid through the sweep driver, as `sweeps/arxiv_grid.py` runs it: (wall seconds, its rows)."""
-    from pefusion.cli.fusion import pefusion_study
+    from pefusion.fusion.study import pefusion_study
     from pefusion.sweep.driver import run_sweep
     from pefusion.sweep.options import SweepOptions
 

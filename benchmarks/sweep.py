@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         train_and_evaluate(model_cfg, train_cfg, corpus, length_edges=preset.data.length_edges)
     sequential_s = time.perf_counter() - start
 
-    from pefusion.cli.fusion import pefusion_study
+    from pefusion.fusion.study import pefusion_study
     from pefusion.sweep.driver import run_sweep
     from pefusion.sweep.options import SweepOptions
     from pefusion.sweep.tuner import start_ray

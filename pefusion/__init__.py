@@ -5,6 +5,7 @@ Importing the package imports nothing heavy: the public names below are loaded o
 """
 import importlib
 import os
+from pathlib import Path
 
 # Large CPU tensors on transparent huge pages: PyTorch's own switch, read once, at torch's first allocation, so
 # it is set here before torch is imported (a user's own value wins; Ray workers of a local cluster inherit it).
@@ -24,6 +25,11 @@ _EXPORTS = {
     "build_model_from_config": "pefusion.fusion.model",
 }
 __all__ = sorted(_EXPORTS)
+
+
+def cache_home() -> Path:
+    """pefusion's cache folder: $PEFUSION_CACHE, else ~/.cache/pefusion (token ids, MLflow's empty store)."""
+    return Path(os.environ.get("PEFUSION_CACHE") or Path.home() / ".cache" / "pefusion").expanduser()
 
 
 def __getattr__(name: str):

@@ -23,7 +23,7 @@ SEED = "seed"
 
 # --- per-epoch metrics (MLflow step = epoch, 1-based) -------------------------------------------------------
 # A result with EPOCH and without STATUS is an epoch: every number in it becomes a point of that metric's MLflow
-# series, at step = epoch (pefusion.sweep.live); the names below are the PE-fusion study's.
+# series, at step = epoch (pefusion.tracking.callbacks); the names below are the PE-fusion study's.
 EPOCH = "epoch"
 TRAIN_LOSS = "train_loss"
 VAL_LOSS = "val_loss"
@@ -38,7 +38,7 @@ TEST_MACRO_F1 = "test_macro_f1"
 LAT_MS_MEAN = "lat_ms_mean"
 LAT_MS_STD = "lat_ms_std"
 TRAIN_TIME_S = "train_time_s"
-EPOCHS_RUN = "epochs_run"  # also the epochs a stopped or interrupted trial of any study ran (pefusion.sweep.live)
+EPOCHS_RUN = "epochs_run"  # also the epochs a stopped or interrupted trial of any study ran (pefusion.sweep.outcomes)
 LENGTH_METRIC_PREFIX = "test_acc_len_"
 LENGTH_COUNT_PREFIX = "test_n_len_"  # documents per length bucket, so empty buckets are visible
 
@@ -112,7 +112,7 @@ TAG_STACKED = "pefusion.stacked_in"  # on the runs of a stacked trial: the Ray t
 TAG_NODE = "pefusion.node"  # on child runs: the Ray node id that ran the trial (the last one, after a retry)
 TAG_SCHEDULER = "pefusion.scheduler"  # on a search's parent run: asha or fifo (sweeps/lr_batch_asha.py)
 
-# --- what the machine did: MLflow's system metrics on a sweep's parent run (pefusion.sweep.tracking) ---------
+# --- what the machine did: MLflow's system metrics on a sweep's parent run (pefusion.tracking.writer) ------
 # MLflow names them (its SystemMetricsMonitor); a GPU's are per device index, from NVML (nvidia-ml-py).
 SYSTEM_PREFIX = "system/"
 SYSTEM_CPU = "system/cpu_utilization_percentage"  # of the whole machine

@@ -76,7 +76,7 @@ def store(tmp_path_factory) -> dict:
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
-    from pefusion.sweep.tracking import new_sqlite_store
+    from pefusion.tracking.store import new_sqlite_store
 
     root = tmp_path_factory.mktemp("compute")
     uri = f"sqlite:///{root / 'mlflow.db'}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shlex
 import signal
@@ -272,7 +273,7 @@ def _grid(**axes):
 
 
 def _sweep(corpus, preset, space, opts, trainable):
-    from pefusion.cli.fusion import pefusion_study
+    from pefusion.fusion.study import pefusion_study
     from pefusion.sweep.driver import run_sweep
 
     study = pefusion_study("arxiv_grid", "smoke", preset, space, opts.cpus_per_trial, corpus=corpus,
@@ -283,7 +284,7 @@ def _sweep(corpus, preset, space, opts, trainable):
 def _children(parent_run_id: str):
     from mlflow.tracking import MlflowClient
 
-    from pefusion.sweep.tracking import resolve_tracking_uri
+    from pefusion.tracking.store import resolve_tracking_uri
 
     client = MlflowClient(resolve_tracking_uri())
     exp = client.get_experiment_by_name("pe-fusion")
@@ -387,12 +388,6 @@ class _Clock:
         return self.now
 
 
-def _quiet_recorder() -> SimpleNamespace:
-    """What LiveSweep hands its writes to, writing nothing."""
-    return SimpleNamespace(later=lambda *a, **k: None, check_open=lambda: None, trial_run=None, log_epoch=None,
-                           tag_trial=None, finish_trial=None)
-
-
 def _trial(i: int, status: str, **config) -> SimpleNamespace:
     return SimpleNamespace(trial_id=f"t{i}", status=status, config={"seed": i, **config}, last_result={},
                            checkpoint=None)
@@ -404,12 +399,11 @@ def test_progress_line_counts_trials_and_estimates_the_time_left(capsys):
     study's main metric. A study whose trials report no epochs (the student's)."""
     from ray.tune.experiment import Trial
 
-    from pefusion.sweep.live import LiveSweep
+    from pefusion.sweep.progress import Progress
 
     clock = _Clock()
-    live = LiveSweep(recorder=_quiet_recorder(), static_params={}, clock=clock,
-                     run_name=lambda config: f"s{config['seed']}", varying=("seed",), total=10,
-                     shown={R.TEST_ACC: lambda v: f"test {100 * v:.1f} %"})
+    live = Progress(clock=clock, run_name=lambda config: f"s{config['seed']}", varying=("seed",), total=10,
+                    shown={R.TEST_ACC: lambda v: f"test {100 * v:.1f} %"})
     live.started_at = live.first_start = clock.now - 120
     trials = [_trial(i, s) for i, s in enumerate([Trial.TERMINATED, Trial.TERMINATED, Trial.RUNNING,
                                                    Trial.RUNNING, Trial.PENDING])]
@@ -443,11 +437,10 @@ def test_a_trial_that_ends_is_said_with_the_trial_that_took_its_place_running(ca
     (it was printed as the trial ended, before its successor started)."""
     from ray.tune.experiment import Trial
 
-    from pefusion.sweep.live import LiveSweep
+    from pefusion.sweep.progress import Progress
 
     clock = _Clock()
-    live = LiveSweep(recorder=_quiet_recorder(), static_params={}, clock=clock,
-                     run_name=lambda config: f"s{config['seed']}", varying=("seed",), total=3)
+    live = Progress(clock=clock, run_name=lambda config: f"s{config['seed']}", varying=("seed",), total=3)
     trials = [_trial(i, s) for i, s in enumerate([Trial.RUNNING, Trial.RUNNING, Trial.PENDING])]
     live.first_step(trials)
     live.start(trials[0], trials)
@@ -480,13 +473,13 @@ def test_the_time_left_counts_epochs_from_the_first_one(capsys):
     (the measured epochs), no longer the plan."""
     from ray.tune.experiment import Trial
 
-    from pefusion.sweep.live import LiveSweep
+    from pefusion.sweep.progress import Progress
 
     clock, epoch_s, planned = _Clock(), 10.0, 20
-    live = LiveSweep(recorder=_quiet_recorder(), static_params={}, clock=clock, every_s=4 * epoch_s,
-                     run_name=lambda config: f"s{config['seed']}", varying=("seed",), total=3,
-                     planned_epochs=lambda config: config["max_epochs"],
-                     may_end_early=lambda config: config["early_stopping"])
+    live = Progress(clock=clock, every_s=4 * epoch_s,
+                    run_name=lambda config: f"s{config['seed']}", varying=("seed",), total=3,
+                    planned_epochs=lambda config: config["max_epochs"],
+                    may_end_early=lambda config: config["early_stopping"])
     trials = [_trial(i, Trial.RUNNING, max_epochs=planned, early_stopping=True) for i in range(3)]
     live.first_step(trials)
     for trial in trials:
@@ -525,11 +518,10 @@ def test_a_study_without_epochs_keeps_its_line(capsys):
     """The student's trials report no epochs: no epoch counts in the line, the time left after the first trial."""
     from ray.tune.experiment import Trial
 
-    from pefusion.sweep.live import LiveSweep
+    from pefusion.sweep.progress import Progress
 
     clock = _Clock()
-    live = LiveSweep(recorder=_quiet_recorder(), static_params={}, clock=clock, run_name=lambda config: "p",
-                     total=2)
+    live = Progress(clock=clock, run_name=lambda config: "p", total=2)
     trials = [_trial(i, Trial.RUNNING) for i in range(2)]
     live.first_step(trials)
     live.start(trials[0], trials)
@@ -537,3 +529,29 @@ def test_a_study_without_epochs_keeps_its_line(capsys):
     live.step(trials)
     assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] 0/2 done \(0 failed\), 1 running, 1 pending; 40s elapsed, "
                         r"time left known after the first trial", capsys.readouterr().out.strip())
+
+
+class _Heard:
+    """A callback that notes the trials it hears start (picklable: a module's class, plain attributes)."""
+
+    def __init__(self, driver: str) -> None:
+        self.driver, self.started = driver, []
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.started.append(trial.trial_id)
+
+
+def test_a_resumed_sweep_calls_back_the_resuming_drivers_callbacks_not_the_saved_ones():
+    """Tune pickles the callbacks with the experiment and unpickles them on --resume: the driver's pickle to
+    nothing, and come back as those of the driver restoring it (outside a restore, as none)."""
+    from pefusion.sweep.tuner import DriverCallbacks, restored_with
+
+    first, resuming = _Heard("first"), _Heard("resuming")
+    saved = pickle.dumps(DriverCallbacks([first]))
+    assert b"first" not in saved
+    with restored_with([resuming]):
+        restored = pickle.loads(saved)
+    restored.on_trial_start(iteration=0, trials=[], trial=SimpleNamespace(trial_id="t0"))
+    assert resuming.started == ["t0"] and first.started == []
+    pickle.loads(saved).on_trial_start(iteration=0, trials=[], trial=SimpleNamespace(trial_id="t1"))
+    assert resuming.started == ["t0"]

@@ -19,7 +19,7 @@ sys.path.insert(0, str(conftest.REPO))
 import datasets, huggingface_hub.constants as hub
 from pefusion.data import cache, readers
 from pefusion.data.config import DataConfig
-from pefusion.sweep.tracking import resolve_tracking_uri
+from pefusion.tracking.store import resolve_tracking_uri
 child = subprocess.run([sys.executable, "-c", "import pefusion; print(pefusion.__file__)"], capture_output=True,
                        text=True, check=True).stdout.strip()
 print(json.dumps({

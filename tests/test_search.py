@@ -100,7 +100,7 @@ def test_lambda_search_finds_the_grid_cvs_lambda_star(local_ray, in_tmp, capsys)
     from mlflow.tracking import MlflowClient
 
     from pefusion.student.cv import run_cv_point
-    from pefusion.sweep.tracking import resolve_tracking_uri
+    from pefusion.tracking.store import resolve_tracking_uri
 
     smoke = smoke_student(STUDENT_PRESETS["paper"])
     point = StudentConfig(**{**smoke.point, "alpha": 0.5, "init": "semantic", "seed": 0, "omega": 0.3, "sigma": 0.5})

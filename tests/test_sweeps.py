@@ -19,7 +19,7 @@ from pefusion import record as R
 from pefusion.data.batching import iter_batches
 from pefusion.errors import ConfigError
 from pefusion.fusion.training import Trainer
-from pefusion.sweep.tracking import resolve_tracking_uri
+from pefusion.tracking.store import resolve_tracking_uri
 
 
 def _options(tmp: Path, **kw):
@@ -39,7 +39,7 @@ def _grid(**axes):
 
 def _sweep(corpus, preset, space, opts, trainable=None):
     """Study A's sweep of `space` on `corpus` through the one driver; returns its SweepResult."""
-    from pefusion.cli.fusion import pefusion_study
+    from pefusion.fusion.study import pefusion_study
     from pefusion.fusion.trainable import pefusion_trainable
     from pefusion.sweep.driver import run_sweep
 
@@ -87,7 +87,8 @@ def test_fractional_gpus_run_four_trials_at_once(local_ray, in_tmp, smoke_preset
 
 def test_failures_are_recorded_never_dropped(local_ray, in_tmp, smoke_preset, smoke_corpus):
     """A trial that raises and one that diverges leave the sweep complete and are recorded with their reason."""
-    from pefusion.cli.fusion import aggregate_rows, summary_table
+    from pefusion.cli.fusion import summary_table
+    from pefusion.fusion.study import aggregate_rows
     from pefusion.fusion.trainable import pefusion_trainable
 
     def faulty(config, **kwargs):
@@ -132,7 +133,7 @@ def test_each_tokeniser_setting_of_a_space_is_its_own_corpus(local_ray, in_tmp, 
 
 
 def test_a_range_over_a_tokeniser_key_is_refused_before_ray_starts(smoke_preset):
-    from pefusion.cli.fusion import corpus_settings
+    from pefusion.fusion.study import corpus_settings
     from pefusion.fusion.config import RULES
     from pefusion.sweep.space import SearchSpaceError, parse_search_space
 
@@ -768,7 +769,7 @@ def test_a_stacked_grid_is_one_run_per_seed_in_every_record(local_ray, in_tmp, s
     Table 1's cells count 2 seeds; only the tag `pefusion.stacked_in` names the trial that carried them."""
     import mlflow
 
-    from pefusion.cli.fusion import aggregate_rows
+    from pefusion.fusion.study import aggregate_rows
     from pefusion.fusion.trainable import load_checkpoint
 
     result = _sweep(smoke_corpus, smoke_preset, _grid(fusion=["add", "concat"], seed=[0, 1]),

@@ -15,8 +15,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pefusion import record as R
-from pefusion.sweep.tracking import SweepRecorder
-from pefusion.sweep.live import LiveSweep
+from pefusion.tracking.callbacks import MLflowRuns
+from pefusion.tracking.recorder import SweepRecorder
 
 FINAL = {R.STATUS: R.STATUS_OK, R.TEST_ACC: 0.75, R.EPOCHS_RUN: 2}
 
@@ -40,16 +40,16 @@ def _started(recorder: SweepRecorder, trial_id: str) -> str:
     return run_id
 
 
-class _Restarted(LiveSweep):
-    """The driver's view of the sweep in a new driver (its recorder unpickled: no in-memory run state); each
+class _Restarted(MLflowRuns):
+    """The driver's MLflow callback in a new driver (its recorder unpickled: no in-memory run state); each
     event waits for its MLflow writes, as the test reads them at once."""
 
     def complete(self, trial, trials):
-        super().complete(trial, trials)
+        self.on_trial_complete(0, trials, trial)
         self.recorder.flush()
 
     def end(self, trials):
-        super().end(trials)
+        self.on_experiment_end(trials)
         self.recorder.flush()
 
 
@@ -61,7 +61,7 @@ def _unfinished(recorder: SweepRecorder) -> set[str]:
 
 
 def _restarted(recorder: SweepRecorder) -> LiveSweep:
-    return _Restarted(pickle.loads(pickle.dumps(recorder)), {}, lambda config: "", progress=False)
+    return _Restarted(pickle.loads(pickle.dumps(recorder)), {}, lambda config: "")
 
 
 def test_finish_interrupted_after_the_status_tag_is_redone_when_the_trial_reports_again(recorder):

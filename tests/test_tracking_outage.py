@@ -29,8 +29,8 @@ import torch
 from conftest import REPO, free_port, subprocess_env
 from pefusion import record as R
 from pefusion.analysis.formats import csv_ready
-from pefusion.sweep import tracking
-from pefusion.sweep.tracking import SweepRecorder
+from pefusion.tracking import writer
+from pefusion.tracking.recorder import SweepRecorder
 
 # Every trial trains all its epochs (no early stop), so the sweep's length is known and epochs_run = EPOCHS.
 SPACE = """\
@@ -91,7 +91,7 @@ def test_a_write_cut_anywhere_in_a_trial_is_made_once_when_retried(tmp_path, mon
     The real server test below cuts one of these by chance (the server is stopped as the next trial's run is
     created); here each is cut on purpose, on a sqlite store."""
     # the writer's first retry comes after 1 s; a few ms here
-    monkeypatch.setattr(tracking, "time", SimpleNamespace(time=time.time, sleep=lambda s: time.sleep(min(s, .02))))
+    monkeypatch.setattr(writer, "time", SimpleNamespace(time=time.time, sleep=lambda s: time.sleep(min(s, .02))))
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     (checkpoint / "model.pt").write_bytes(b"weights")

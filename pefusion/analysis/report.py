@@ -25,7 +25,7 @@ from pefusion.analysis import runs as RU
 from pefusion.analysis import search as SE
 from pefusion.analysis import student_tables as ST
 from pefusion.student.theory import CACHE_ALPHA_C, CACHE_POINTS, Solver
-from pefusion.sweep.tracking import log_artifacts_to_run, ui_link
+from pefusion.tracking.store import log_artifacts_to_run, ui_link
 
 Curve = Mapping[float, float]
 

@@ -13,7 +13,7 @@ written by other tools with those names are analysed like ours. Failed trials (s
 kept in the frame, excluded from every mean, counted and listed; trials stopped early by a scheduler (status
 stopped) are not failures but have no test metrics, so test-accuracy tables leave them out too; their
 best_val_acc is read from their val_acc per epoch. Runs still RUNNING are left out and counted. Reading only:
-MLflow is written by pefusion.sweep.tracking alone.
+MLflow is written by pefusion.tracking alone.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import pandas as pd
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.sweep.tracking import check_tracking, mlflow_client, resolve_tracking_uri
+from pefusion.tracking.store import check_tracking, mlflow_client, resolve_tracking_uri
 
 DEMO_HINT = ("run python sweeps/arxiv_grid.py --preset demo first "
              "(or python sweeps/lambda_cv.py --preset demo for the student study)")

@@ -2,7 +2,7 @@
 commands of pyproject's [project.scripts] (`pefusion-grid`, `pefusion-search`, `pefusion-lambda-cv`,
 `pefusion-phase`, `pefusion-report`), for a user who installed pefusion without a clone.
 
-A main parses its flags and checks what needs no study before it imports the study's wiring (`cli/fusion.py`,
+A main parses its flags and checks what needs no study before it imports the study's command line (`cli/fusion.py`,
 `cli/student.py`), and those check their inputs before they import torch, Ray or MLflow: `--help` and a
 mistyped flag answer at once (README, Flags every sweep shares).
 """
@@ -15,6 +15,7 @@ from pefusion.cli.flags import (add_data_flags, add_grid_flags, add_preset_flag,
                                 run_main, sweep_options)
 from pefusion.fusion.config import PRESETS
 from pefusion.record import PEFUSION_EXPERIMENT
+from pefusion.sweep.options import SweepOptions
 
 GRID = """The PE × fusion × seed grid of the PE-fusion study (Hallam & Tseng), on Ray Tune, tracked in MLflow.
 Installed as `pefusion-grid`, the same command as `python sweeps/arxiv_grid.py`.
@@ -49,12 +50,12 @@ the page to the sweep's MLflow parent run under results/. Installed as `pefusion
 """
 
 
-def _parse_sweep(parser: argparse.ArgumentParser, argv: Sequence[str] | None, sweep: str) -> argparse.Namespace:
-    """The flags, and the checks of the flags every sweep shares, which need no study (a bad --gpus-per-trial or
+def _parse_sweep(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+                 sweep: str) -> tuple[argparse.Namespace, SweepOptions]:
+    """The flags, and the options every sweep shares, checked without a study (a bad --gpus-per-trial or
     --cpus-per-trial ends here in one line, before torch or Ray load)."""
     args = parser.parse_args(argv)
-    sweep_options(args, sweep, argv)
-    return args
+    return args, sweep_options(args, sweep, argv)
 
 
 def grid_main(argv: Sequence[str] | None = None) -> int:
@@ -68,10 +69,10 @@ def grid_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, help="maximum epochs per trial (default: the preset's)")
     add_data_flags(parser)
     add_sweep_flags(parser, experiment=PEFUSION_EXPERIMENT, search_space="arxiv_grid.yaml")
-    args = _parse_sweep(parser, argv, "arxiv_grid")
+    args, opts = _parse_sweep(parser, argv, "arxiv_grid")
     from pefusion.cli.fusion import run_arxiv_grid
 
-    return run_arxiv_grid(args, argv)
+    return run_arxiv_grid(args, opts)
 
 
 def search_main(argv: Sequence[str] | None = None) -> int:
@@ -81,10 +82,10 @@ def search_main(argv: Sequence[str] | None = None) -> int:
                      schedulers=("asha", "fifo", "hyperband", "pbt"), default_search="random", default_samples=16)
     add_data_flags(parser)
     add_sweep_flags(parser, experiment=PEFUSION_EXPERIMENT, search_space="lr_batch.yaml")
-    args = _parse_sweep(parser, argv, "lr_batch_asha")
+    args, opts = _parse_sweep(parser, argv, "lr_batch_asha")
     from pefusion.cli.fusion import run_lr_batch_asha
 
-    return run_lr_batch_asha(args, argv)
+    return run_lr_batch_asha(args, opts)
 
 
 def _student_main(sweep: str, description: str, argv: Sequence[str] | None) -> int:
@@ -92,7 +93,7 @@ def _student_main(sweep: str, description: str, argv: Sequence[str] | None) -> i
 
     parser = argparse.ArgumentParser(description=description)
     add_student_flags(parser, sweep)
-    return run_student_sweep(sweep, _parse_sweep(parser, argv, sweep), argv)
+    return run_student_sweep(sweep, *_parse_sweep(parser, argv, sweep))
 
 
 def lambda_cv_main(argv: Sequence[str] | None = None) -> int:

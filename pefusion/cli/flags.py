@@ -217,22 +217,22 @@ def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | No
     sweep's installed command with `argv`.
     """
     from pefusion import record as R
-    from pefusion.sweep.tracking import command_line
     from pefusion.sweep.options import SweepOptions
+    from pefusion.tracking.provenance import command_line
 
     program = "" if argv is None else ENTRY_POINTS[sweep]
     given = list(sys.argv[1:] if argv is None else argv)
-    command = command_line(given, program=program)
-    portable = command_line(portable_args(args, given), program=program, absolute=True)
-
+    portable = portable_args(args, given)
+    space = search_space_path(args)
     return SweepOptions(
-        sweep=sweep, experiment=args.experiment, name=args.name, storage_path=args.storage_path,
+        sweep=sweep, search_space=space, experiment=args.experiment, name=args.name, storage_path=args.storage_path,
         address=args.address, cpus_per_trial=args.cpus_per_trial, gpus_per_trial=gpus_per_trial(args.gpus_per_trial),
         num_cpus=args.num_cpus, num_gpus=args.num_gpus, max_concurrent=args.max_concurrent, resume=args.resume,
         tracking_uri=args.tracking_uri, dashboard=not args.no_dashboard, verbose=args.verbose,
         progress=not args.quiet, max_failures=args.max_failures, autoscaling=args.autoscaling,
-        stack=getattr(args, "stack_seeds", None), command=command, portable_command=portable,
-        tags={R.TAG_SEARCH_SPACE: search_space_path(args), "pefusion.preset": getattr(args, "preset", "")})
+        stack=getattr(args, "stack_seeds", None), command=command_line(given, program=program),
+        portable_command=command_line(portable, program=program, absolute=True),
+        tags={R.TAG_SEARCH_SPACE: space, "pefusion.preset": getattr(args, "preset", "")})
 
 
 def portable_args(args: argparse.Namespace, argv: Sequence[str]) -> list[str]:
@@ -240,7 +240,7 @@ def portable_args(args: argparse.Namespace, argv: Sequence[str]) -> list[str]:
     the default, finds in the working folder given by its absolute value (the storage path, the tracking store and
     the output folder even when not typed, since their defaults are the working folder's), in place where typed,
     else at the end (where it wins over an abbreviation argparse took)."""
-    from pefusion.sweep.tracking import resolve_tracking_uri
+    from pefusion.tracking.store import resolve_tracking_uri
 
     def absolute(path: str | None) -> str | None:
         return None if path is None or "://" in path else str(Path(path).expanduser().resolve())

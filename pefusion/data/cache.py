@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+import pefusion
 from pefusion.data.config import DataConfig
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 from pefusion.data.readers import SPLITS
@@ -28,7 +29,7 @@ FORMAT_VERSION = 1
 
 
 def cache_root(cfg: DataConfig) -> Path:
-    return Path(cfg.cache_dir or os.environ.get("PEFUSION_CACHE") or Path.home() / ".cache" / "pefusion").expanduser()
+    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else pefusion.cache_home()
 
 
 def cache_key(cfg: DataConfig, source: Source | None = None) -> str:

@@ -64,7 +64,7 @@ class _Redirect:
         # MLflow, when imported, puts console handlers on its loggers (undoing this) and its logger at INFO.
         # Imported already: its handlers are replaced below. Not yet: it is asked to leave them, so that its
         # import (about a second) need not be made here but on a thread while Ray starts
-        # (`tracking.import_in_background`).
+        # (`pefusion.tracking.store.import_client_in_background`).
         if "mlflow" not in sys.modules and self.mlflow_configure is None:
             os.environ[MLFLOW_CONFIGURE] = "false"
         for name in _loggers():

@@ -1,4 +1,5 @@
-"""The one sweep driver: validate, start or join Ray, run or restore the Tuner, write the results, finish the parent.
+"""The one sweep driver: settle the sweep, start or join Ray, record it, run or restore the Tuner, write the results,
+finish the parent.
 
 Every sweep of both studies runs through `run_sweep`, so what a sweep does at its end (and, later, on
 interruptions and failures) is decided here once. The engine knows neither study: a study's command line hands it
@@ -17,11 +18,11 @@ for those that did not finish, their MLflow runs and the parent are KILLED (neve
 raises `SweepInterrupted` with the line to print (the exact `--resume` command); the command exits 130. A trial
 whose process or node is lost is restarted from its last checkpoint up to `--max-failures` times; an exception of
 its own code is recorded once as 'error' (`catching_errors`). A request no node can hold is refused before any
-trial starts (`check_resources`). MLflow writes wait out an unreachable tracking server (`SweepRecorder.later`).
+trial starts (`pefusion.sweep.settle.check_resources`). MLflow writes wait out an unreachable tracking server
+(`SweepRecorder.later`).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,12 +31,16 @@ import pandas as pd
 from pefusion import record as R
 from pefusion.errors import SweepInterrupted
 from pefusion.sweep.console import counted
-from pefusion.sweep.gpus import AUTO, auto_packing, trials_get_a_gpu
-from pefusion.sweep.space import Grid, Stack, grid_size
-from pefusion.sweep.live import LiveSweep, result_rows
-from pefusion.sweep.study import StudySweep
 from pefusion.sweep.options import SweepOptions
-from pefusion.sweep.tuner import check_local_request, run_tune
+from pefusion.sweep.outcomes import Outcomes, result_rows
+from pefusion.sweep.progress import Progress
+from pefusion.sweep.settle import SettledSweep, settle
+from pefusion.sweep.space import grid_size
+from pefusion.sweep.study import StudySweep, varying_keys
+from pefusion.sweep.tuner import run_tune, start_cluster
+from pefusion.tracking.callbacks import MLflowRuns
+from pefusion.tracking.recorder import SweepRecorder
+from pefusion.tracking.store import TrackingError
 
 
 @dataclass
@@ -50,57 +55,10 @@ class SweepResult:
         return self.experiment_path.rstrip("/").split("/")[-1]
 
 
-def validate(study: StudySweep) -> int:
-    """Check every point the space can produce (grid values, choices, both ends of each range), before Ray
-    starts; returns how many were checked."""
-    points = study.space.points()
-    for point in points:
-        study.check_point(point)
-    return len(points)
-
-
-def resolve_gpus(study: StudySweep, opts: SweepOptions) -> SweepOptions:
-    """`opts` with `--gpus-per-trial auto` (typed, or the flag left out) replaced by the fraction it means here,
-    printed and tagged on the parent run with its reason; a number as it is. Left out for a study whose trials
-    never use a GPU: no GPU, and nothing to say."""
-    if opts.gpus_per_trial is None and study.gpu_probe is None:
-        return dataclasses.replace(opts, gpus_per_trial=0.0)
-    if opts.gpus_per_trial not in (AUTO, None):
-        return opts
-    explicit = opts.gpus_per_trial == AUTO
-    packing = auto_packing(study.gpu_probe, study.space.trial_points(), sweep=study.sweep, remote=bool(opts.address),
-                           declared_gpus=opts.num_gpus, explicit=explicit)
-    print(f"--gpus-per-trial auto{'' if explicit else ' (the default)'}: {packing.reason}", flush=True)
-    return dataclasses.replace(opts, gpus_per_trial=packing.gpus_per_trial,
-                               tags={**opts.tags, R.TAG_GPUS_PER_TRIAL: f"{packing.gpus_per_trial:g}",
-                                     R.TAG_GPUS_AUTO: packing.reason})
-
-
-def resolve_stacking(study: StudySweep, opts: SweepOptions) -> StudySweep:
-    """`study` with its stackable key's grid trained together in one trial (a `stack`), or not: as `--stack-seeds`
-    says, or the search-space file (a `stack`), and else where the trials get a GPU (a grid of two or more
-    values). Why that default: one small trial leaves a GPU waiting on kernel launches, and S models in one make
-    each kernel S times wider; a CPU is busy with one trial already, and a separate trial's dropout draws are
-    those of the CPU numbers published in the README."""
-    key = study.stackable
-    if key is None or key not in study.space:
-        return study
-    dim = study.space[key]
-    stacked = isinstance(dim, Stack)
-    stack = opts.stack if opts.stack is not None else stacked or (
-        isinstance(dim, Grid) and len(dim.values) > 1 and trials_get_a_gpu(
-            study.gpu_probe, opts.gpus_per_trial, remote=bool(opts.address), declared_gpus=opts.num_gpus))
-    if stack == stacked:
-        return study
-    return dataclasses.replace(study, space=study.space.stacked(key) if stack else study.space.unstacked(key))
-
-
 def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "results") -> SweepResult:
     """Run (or with `opts.resume` continue) one sweep and write its results; see the module docstring."""
-    validate(study)
-    study = resolve_stacking(study, opts)
-    opts = resolve_gpus(study, opts)
-    check_local_request(opts)
+    settled = settle(study, opts)
+    study, opts = settled.study, settled.opts
     shipped = study.ship()
     line = study.describe(shipped)
     if line:
@@ -110,18 +68,42 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
         values = study.space[stacked].values
         print(f"{stacked} {', '.join(map(str, values))} stacked: each of the {grid_size(study.space)} trials trains "
               f"its {len(values)} runs together, as one batched model", flush=True)
-    live, exp_path = run_tune(study, opts, shipped)
-    recorder = live.recorder
-    rows = pd.DataFrame(result_rows(live.trials))
+    start_cluster(settled)
+    # Opened while Tune starts the trials' processes (both take seconds); a trial's first event waits for it.
+    recorder = SweepRecorder(settled.tracking_uri, settled.experiment, opts.sweep, settled.path, wait=False,
+                             announce=True, system_metrics=True,
+                             tags={R.TAG_RAY_ADDRESS: opts.address or "local", R.TAG_COMMAND: opts.command,
+                                   **opts.tags})
+    # A resumed sweep's trials carry the runs they were made with, whatever this driver's flags say.
+    stack_key = stacked or study.stackable
+    outcomes = Outcomes(stack_key, study.metric, study.mode, study.best_metric)
+    callbacks = [
+        MLflowRuns(recorder, study.static_params, study.run_name, resolved_keys=study.resolved_keys,
+                   stack_key=stack_key),
+        Progress(study.run_name, shown=study.shown, varying=varying_keys(study.space), labels=study.labels,
+                 progress=opts.progress, stack_key=stack_key, planned_epochs=study.planned_epochs,
+                 may_end_early=study.may_end_early),
+        outcomes,
+    ]
+    try:
+        run_tune(settled, shipped, callbacks)
+    except Exception:
+        if recorder.open_error is not None:  # raised by a trial event (`MLflowRuns`)
+            raise TrackingError(recorder.open_error) from None
+        raise
+    recorder.wait_open()  # a resumed sweep with nothing left to run never waited for it
+    recorder.flush()
+
+    rows = pd.DataFrame(result_rows(outcomes.trials))
     for key, value in study.identity.items():  # trials whose config does not vary the key
         rows[key] = rows[key].fillna(value) if key in rows else value
     keys = [k for k in study.sort_keys if k in rows.columns]
     rows = rows.sort_values(keys, kind="stable").reset_index(drop=True)
-    result = SweepResult(rows, experiment_path=exp_path, parent_run_id=recorder.parent_run_id)
+    result = SweepResult(rows, experiment_path=settled.path, parent_run_id=recorder.parent_run_id)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if live.interrupted:
-        _interrupted(result, out / f"{result.name}_{study.results_file}.csv", study, opts, live)
+    if outcomes.interrupted:
+        _interrupted(result, out / f"{result.name}_{study.results_file}.csv", settled, recorder, outcomes)
     tables = {study.results_file: rows, **study.tables(rows)}
     for key, table in tables.items():
         path = out / f"{result.name}_{key}.csv"
@@ -133,18 +115,20 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
     return result
 
 
-def _interrupted(result: SweepResult, path: Path, study: StudySweep, opts: SweepOptions, live: LiveSweep) -> None:
+def _interrupted(result: SweepResult, path: Path, settled: SettledSweep, recorder: SweepRecorder,
+                 outcomes: Outcomes) -> None:
     """An interrupted sweep: the results CSV of the trials Tune has made so far (no tables of a partial sweep),
     the parent run KILLED, and `SweepInterrupted` with the one line to print."""
+    study = settled.study
     study.csv(result.rows).to_csv(path, index=False)
-    live.recorder.interrupt_sweep()
-    live.recorder.flush()
+    recorder.interrupt_sweep()
+    recorder.flush()
     statuses = list(result.rows[R.STATUS]) if R.STATUS in result.rows else []
     stacked = study.space.stacked_key()  # a stacked trial's rows are its runs
     per_trial = len(study.space[stacked].values) if stacked else 1
     # Tune makes its trials as it goes (a search, or a grid under --max-concurrent): some are not made yet
-    n = max(live.total * per_trial, len(statuses))
+    n = max(outcomes.total * per_trial, len(statuses))
     finished, running = sum(s in R.FINAL_STATUSES for s in statuses), statuses.count(R.STATUS_INTERRUPTED)
     what = "run" if stacked else "trial"
     raise SweepInterrupted(f"interrupted: {finished} of {counted(n, what)} finished ({running} running, "
-                           f"{n - finished - running} pending); continue with: {opts.resume_command(result.name)}")
+                           f"{n - finished - running} pending); continue with: {settled.resume_command}")

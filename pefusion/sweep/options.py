@@ -1,14 +1,12 @@
 """The options every sweep shares (`pefusion.cli.flags.add_sweep_flags`), checked when they are made.
 
 Apart from the engine's Ray plumbing (`pefusion.sweep.tuner`) so that a command line can make and check them
-before it imports Ray: a bad value ends in one line at once.
+before it imports Ray: a bad value ends in one line at once. What they resolve to for one sweep (the experiment's
+name and folder, GPUs per trial, the tracking store) is `pefusion.sweep.settle`'s.
 """
 from __future__ import annotations
 
-import shlex
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pefusion.errors import ConfigError
 from pefusion.sweep.gpus import AUTO
@@ -21,13 +19,14 @@ class SweepOptions:
     """The flags every sweep script shares (see `pefusion.cli.flags.add_sweep_flags`)."""
 
     sweep: str  # arxiv_grid | lr_batch_asha | lambda_cv | phase_diagram
+    search_space: str = ""  # the search-space file (--search-space, else the sweep's own for its preset)
     experiment: str | None = None  # the MLflow experiment (--experiment); None: the study's
     name: str | None = None
     storage_path: str = DEFAULT_STORAGE
     address: str | None = None  # None: a new local cluster; "auto": a running `ray start --head`
     cpus_per_trial: float = 1.0
     # A number, "auto", or None (the flag left out: auto, quiet for a study whose trials use no GPU): `run_sweep`
-    # decides auto's number before Ray starts (`pefusion.sweep.driver.resolve_gpus`).
+    # decides auto's number before Ray starts (`pefusion.sweep.settle.resolve_gpus`).
     gpus_per_trial: float | str | None = None
     num_cpus: int | None = None  # CPUs a *local* cluster declares (default: all)
     num_gpus: float | None = None  # GPUs a *local* cluster declares; logical ones schedule on a CPU machine
@@ -58,40 +57,3 @@ class SweepOptions:
             raise ConfigError(f"--max-concurrent={self.max_concurrent} must be >= 0")
         if self.max_failures < 0:
             raise ConfigError(f"--max-failures={self.max_failures} must be >= 0")
-
-    @property
-    def is_remote_storage(self) -> bool:
-        return "://" in self.storage_path
-
-    def storage_root(self) -> str:
-        return self.storage_path if self.is_remote_storage else str(Path(self.storage_path).resolve())
-
-    def experiment_name(self, preset: str) -> str:
-        """--name, else on --resume the newest local experiment of this sweep and preset, else a fresh name."""
-        if self.name:
-            return self.name
-        prefix = f"{self.sweep}-{preset}-"
-        if self.resume:
-            if self.is_remote_storage:
-                raise ConfigError("--resume with remote storage needs --name (the experiment to resume)")
-            root = Path(self.storage_root())
-            found = sorted((p for p in root.glob(prefix + "*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
-            if not found:
-                raise self.nothing_to_resume(f"{prefix}*")
-            return found[-1].name
-        return prefix + time.strftime("%Y%m%d-%H%M%S")
-
-    def nothing_to_resume(self, experiment: str) -> ConfigError:
-        """--resume found no `experiment`: where it looked, and how to point it elsewhere."""
-        default = f" (--storage-path's default: ./{DEFAULT_STORAGE} of the folder the command runs in)" \
-            if self.storage_path == DEFAULT_STORAGE else ""
-        return ConfigError(f"--resume: no experiment {experiment} in {self.storage_root()}{default}; pass the "
-                           f"--storage-path and --name the sweep ran with (the line that stopped it printed both)")
-
-    def resume_command(self, name: str) -> str:
-        """The command (from any folder where `portable_command` is set), naming the experiment and asking to
-        resume it."""
-        parts = shlex.split(self.portable_command or self.command)
-        extra = ([] if "--name" in parts or any(p.startswith("--name=") for p in parts) else ["--name", name]) + \
-            ([] if "--resume" in parts else ["--resume"])
-        return shlex.join([*parts, *extra])

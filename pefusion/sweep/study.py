@@ -2,7 +2,8 @@
 
 Everything study-specific lives here as data: the MLflow experiment, the trainable and what it is shipped, the
 search space, the optimised metric and mode, how a trial is named, identified and shown in the progress lines.
-The engine (`pefusion.sweep.driver`, `.tuner`, `.live`, `.tracking`) names no metric and no experiment of its own.
+The engine (`pefusion.sweep`) and the recording below it (`pefusion.tracking`) name no metric and no experiment of
+their own.
 """
 from __future__ import annotations
 

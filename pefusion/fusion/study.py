@@ -1,0 +1,124 @@
+"""Study A as the sweep engine sees it: the `StudySweep` of a PE × fusion × seed grid (`pefusion_study`) or of a
+learning-rate × batch-size search under a scheduler (`lr_batch_study`), and the tables a finished sweep derives
+from its rows (Table 1, or a search's trials best first).
+
+The study's wiring, above the engine and the analysis it hands its rows to; the command lines (`pefusion.cli`)
+parse the flags into a preset, a search space and a plan, and print what it returns. The trainable and the GPU
+probe (torch, Ray) are imported as a study is made, so that a search plan is checked before they load.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import pandas as pd
+
+from pefusion import record as R
+from pefusion.analysis.formats import csv_ready
+from pefusion.analysis.fusion_tables import table1
+from pefusion.analysis.runs import RUN_ID, START_TIME
+from pefusion.analysis.search import budget_summary, search_table
+from pefusion.data.config import TOKENIZER_KEYS, DataConfig
+from pefusion.data.corpus import load_corpus
+from pefusion.data.encoded import EncodedCorpus
+from pefusion.fusion.config import Preset, flat_config, trial_data
+from pefusion.sweep.console import counted
+from pefusion.sweep.search import EARLY_STOPPING, Objective, SearchPlan, build, check
+from pefusion.sweep.space import Choice, Constant, Grid, SearchSpace, SearchSpaceError, grid_size
+from pefusion.sweep.study import StudySweep
+
+# What PBT may mutate in a running trial: the trainer restores from its per-epoch checkpoint and then runs its new
+# config's optimiser and batch settings; the model's shape and the data are fixed by the restored weights.
+PERTURBABLE = ("lr", "weight_decay", "batch_size", "dropout", "label_smoothing", "grad_clip")
+
+
+def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSpace, cpus: float, *,
+                   corpus: EncodedCorpus | None = None, trainable: Callable[..., None] | None = None,
+                   describe: bool = False, **search: Any) -> StudySweep:
+    """Study A as the engine sees it: trials of `space` over `preset` (by `trainable`, default
+    `pefusion_trainable`), on `corpus` (default: the preset's data, loaded after validation). `search`:
+    StudySweep's metric, mode, scheduler, search_alg, num_samples; a stopped trial's best validation accuracy is
+    its `best_val_acc`."""
+    from pefusion.fusion.probe import largest_trial_peak
+    from pefusion.fusion.trainable import check_trial_config, pefusion_trainable, trial_run_name
+
+    settings = corpus_settings(space, preset)
+
+    def ship() -> dict[str, Any]:
+        given = {preset.data.tokenizer_setting: corpus} if corpus is not None else {}
+        return {"corpora": {key: given.get(key) or load_corpus(cfg) for key, cfg in settings.items()},
+                "base": preset, "cpus": cpus, "length_edges": preset.data.length_edges}
+
+    def line(shipped: dict[str, Any]) -> str:
+        corpora = shipped["corpora"]
+        c = next(iter(corpora.values()))
+        vocab = (f"vocabulary {c.vocab_size}" if len(corpora) == 1 else "vocabularies "
+                 + ", ".join(f"{v.vocab_size} ({key})" for key, v in corpora.items()))
+        return (f"{counted(n_trials, 'trial')} on {c.name}: {len(c.train)} train / {len(c.validation)} validation / "
+                f"{len(c.test)} test documents, {vocab}") if describe else ""
+
+    n_trials = grid_size(space) * search.get("num_samples", 1)  # a search samples num_samples per grid point
+    dataset = preset.data.source_name
+    return StudySweep(
+        sweep=sweep, preset=preset_name, experiment=R.PEFUSION_EXPERIMENT, space=space,
+        trainable=trainable or pefusion_trainable, ship=ship, csv=csv_ready,
+        check_point=lambda point: check_trial_config(point, preset),
+        static_params={R.DATASET: dataset, **flat_config(preset.model, preset.train),
+                       **{k: getattr(preset.data, k) for k in TOKENIZER_KEYS}},
+        identity={R.PE_TYPE: preset.model.pe_type, R.FUSION: preset.model.fusion, R.SEED: preset.train.seed,
+                  R.DATASET: dataset},
+        sort_keys=(R.PE_TYPE, R.FUSION, R.SEED, "lr", "batch_size"), run_name=trial_run_name,
+        shown={R.TEST_ACC: lambda v: f"test {100 * v:.1f} %", R.VAL_ACC: lambda v: f"val {100 * v:.1f} %"},
+        labels={"batch_size": "batch"}, best_metric=R.BEST_VAL_ACC, describe=line,
+        planned_epochs=lambda config: int(config.get("max_epochs", preset.train.max_epochs)),
+        may_end_early=lambda config: bool(config.get("early_stopping", preset.train.early_stopping)),
+        results_file="results_by_seed", tables=lambda rows: {"results_aggregated": aggregate_rows(rows)},
+        gpu_probe=functools.partial(largest_trial_peak, base=preset),
+        resolved_keys=(R.DEVICE, R.PRECISION, R.PAD_MULTIPLE),
+        stackable=None if search.get("metric") else R.SEED,  # a search judges each trial by one metric
+        **search)
+
+
+def corpus_settings(space: SearchSpace, preset: Preset) -> dict[str, DataConfig]:
+    """The data config of each distinct tokeniser setting the space's trials can have, by
+    DataConfig.tokenizer_setting: each is one corpus, tokenised before Ray starts."""
+    for key in TOKENIZER_KEYS:
+        if key in space and not isinstance(space[key], (Grid, Choice, Constant)):
+            raise SearchSpaceError(f"{space.source}: {key}: each value is a corpus tokenised before the sweep starts, "
+                                   f"so it takes a constant, grid or choice, not a range")
+    configs: dict[str, DataConfig] = {}
+    for point in space.points():
+        cfg = trial_data(point, preset)
+        configs.setdefault(cfg.tokenizer_setting, cfg)
+    return configs
+
+
+def lr_batch_study(preset_name: str, preset: Preset, space: SearchSpace, plan: SearchPlan, cpus: float) -> StudySweep:
+    """A learning-rate × batch-size search over `space` under `plan`'s scheduler and search algorithm, each trial
+    for at most `plan.max_t` epochs with ASHA-style schedulers the only early stopping (the paper's in-trial
+    patience off, so that the epoch accounting is exact); the parent run gets the epoch budget's summary."""
+    preset = dataclasses.replace(preset, train=dataclasses.replace(preset.train, max_epochs=plan.max_t,
+                                                                   early_stopping=False))
+    objective = Objective(metric=R.OPTIMISED_METRIC, mode=R.OPTIMISED_MODE, time_attr=R.EPOCH, checkpoints=True,
+                          perturbable=PERTURBABLE)
+    check(plan, objective, space)
+    study = pefusion_study("lr_batch_asha", preset_name, preset, space, cpus, describe=True,
+                           **build(plan, objective, space))
+    stops, early_stopping = plan.scheduler in EARLY_STOPPING, study.may_end_early  # ASHA, HyperBand stop trials
+    return dataclasses.replace(study, parent_metrics=lambda rows: budget_summary(rows, plan.max_t),
+                               may_end_early=lambda config: stops or early_stopping(config))
+
+
+def as_trial_frame(rows: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's rows in the shape `pefusion.analysis` reads from MLflow (one implementation of the tables)."""
+    return rows.assign(**{RUN_ID: rows["trial_id"].astype(str),
+                          START_TIME: rows["started_at"] if "started_at" in rows else 0.0})
+
+
+def aggregate_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Table 1 of the sweep (accuracies in %), or for a search the trials best first."""
+    frame = as_trial_frame(rows)
+    if (frame[R.STATUS] == R.STATUS_OK).any() and frame[[R.PE_TYPE, R.FUSION]].drop_duplicates().shape[0] > 1:
+        return table1(frame)
+    return search_table(frame)

@@ -1,0 +1,191 @@
+"""One place that settles a sweep before Ray starts (`settle`): from a study and the options of its flags, every
+option as the sweep will run it, or a one-line ConfigError.
+
+What it settles, in order: every point of the search space checked; the stackable key stacked or not; GPUs per
+trial (`auto`: measured); the request checked against the local cluster this command would start (a joined one is
+checked once joined, `check_resources`: only then are its nodes known); the MLflow tracking store (resolved and
+reachable) and experiment; the Ray experiment's name and folder, and for `--resume` that there is one to continue.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from pefusion import record as R
+from pefusion.errors import ConfigError
+from pefusion.sweep.gpus import AUTO, auto_packing, trials_get_a_gpu
+from pefusion.sweep.options import DEFAULT_STORAGE, SweepOptions
+from pefusion.sweep.space import Grid, Stack
+from pefusion.sweep.study import StudySweep
+from pefusion.tracking.store import check_tracking, resolve_tracking_uri
+
+
+@dataclass(frozen=True)
+class SettledSweep:
+    """A sweep as it will run."""
+
+    study: StudySweep  # its stackable key's grid a `stack` or not
+    opts: SweepOptions  # --gpus-per-trial a number (tagged with its reason where it was auto)
+    tracking_uri: str  # reachable
+    experiment: str  # the MLflow experiment
+    name: str  # the Ray experiment, under the storage path
+    path: str  # its folder: what --resume continues
+    resume_command: str  # the line that continues it, from any folder where the command line gave one
+
+
+def settle(study: StudySweep, opts: SweepOptions) -> SettledSweep:
+    """Every option of the sweep of `study` under `opts`, checked; see the module docstring."""
+    validate(study)
+    study = resolve_stacking(study, opts)
+    opts = resolve_gpus(study, opts)
+    if not opts.address and not _ray_running():  # (a sweep inside a running `ray.init` is checked by Ray's nodes)
+        check_resources(opts, [local_node(opts)])
+    uri = resolve_tracking_uri(opts.tracking_uri)
+    check_tracking(uri)
+    name = experiment_name(opts, study.preset)
+    path = f"{storage_root(opts).rstrip('/')}/{name}"
+    if opts.resume and not is_remote(opts) and not Path(path).is_dir():
+        raise nothing_to_resume(opts, name)
+    if not opts.resume and not is_remote(opts) and Path(path).exists():
+        raise ConfigError(f"experiment {path} exists: pass --resume to continue it, or another --name")
+    return SettledSweep(study, opts, uri, opts.experiment or study.experiment, name, path, resume_command(opts, name))
+
+
+def validate(study: StudySweep) -> int:
+    """Check every point the space can produce (grid values, choices, both ends of each range), before Ray
+    starts; returns how many were checked."""
+    points = study.space.points()
+    for point in points:
+        study.check_point(point)
+    return len(points)
+
+
+def resolve_stacking(study: StudySweep, opts: SweepOptions) -> StudySweep:
+    """`study` with its stackable key's grid trained together in one trial (a `stack`), or not: as `--stack-seeds`
+    says, or the search-space file (a `stack`), and else where the trials get a GPU (a grid of two or more
+    values). Why that default: one small trial leaves a GPU waiting on kernel launches, and S models in one make
+    each kernel S times wider; a CPU is busy with one trial already, and a separate trial's dropout draws are
+    those of the CPU numbers published in the README."""
+    key = study.stackable
+    if key is None or key not in study.space:
+        return study
+    dim = study.space[key]
+    stacked = isinstance(dim, Stack)
+    stack = opts.stack if opts.stack is not None else stacked or (
+        isinstance(dim, Grid) and len(dim.values) > 1 and trials_get_a_gpu(
+            study.gpu_probe, opts.gpus_per_trial, remote=bool(opts.address), declared_gpus=opts.num_gpus))
+    if stack == stacked:
+        return study
+    return dataclasses.replace(study, space=study.space.stacked(key) if stack else study.space.unstacked(key))
+
+
+def resolve_gpus(study: StudySweep, opts: SweepOptions) -> SweepOptions:
+    """`opts` with `--gpus-per-trial auto` (typed, or the flag left out) replaced by the fraction it means here,
+    printed and tagged on the parent run with its reason; a number as it is. Left out for a study whose trials
+    never use a GPU: no GPU, and nothing to say."""
+    if opts.gpus_per_trial is None and study.gpu_probe is None:
+        return dataclasses.replace(opts, gpus_per_trial=0.0)
+    if opts.gpus_per_trial not in (AUTO, None):
+        return opts
+    explicit = opts.gpus_per_trial == AUTO
+    packing = auto_packing(study.gpu_probe, study.space.trial_points(), sweep=study.sweep, remote=bool(opts.address),
+                           declared_gpus=opts.num_gpus, explicit=explicit)
+    print(f"--gpus-per-trial auto{'' if explicit else ' (the default)'}: {packing.reason}", flush=True)
+    return dataclasses.replace(opts, gpus_per_trial=packing.gpus_per_trial,
+                               tags={**opts.tags, R.TAG_GPUS_PER_TRIAL: f"{packing.gpus_per_trial:g}",
+                                     R.TAG_GPUS_AUTO: packing.reason})
+
+
+def unfit_request(cpus: float, gpus: float, nodes: list[Mapping[str, float]], *, local: bool) -> str | None:
+    """Why no node of `nodes` (their Ray resources) can ever hold one trial's request, or None if one can.
+
+    A pure function of what Ray reports, so the message is testable without a cluster of that shape.
+    """
+    most_cpus = max((n.get("CPU", 0.0) for n in nodes), default=0.0)
+    most_gpus = max((n.get("GPU", 0.0) for n in nodes), default=0.0)
+    declare = "--num-gpus N" if local else "`ray start --num-gpus N` on a node"
+    if gpus > 0 and most_gpus == 0:
+        return (f"--gpus-per-trial {gpus:g} but the cluster has no GPU; declare logical GPUs with {declare} "
+                f"or leave the flag out")
+    if gpus > most_gpus:
+        return f"--gpus-per-trial {gpus:g} but the largest node has {most_gpus:g} GPUs; lower --gpus-per-trial"
+    if cpus > most_cpus:
+        more = "--num-cpus N" if local else "a node with more CPUs"
+        return (f"--cpus-per-trial {cpus:g} but the largest node has {most_cpus:g} CPUs; lower --cpus-per-trial "
+                f"or declare more with {more}")
+    if not any(n.get("CPU", 0.0) >= cpus and n.get("GPU", 0.0) >= gpus for n in nodes):
+        return (f"--cpus-per-trial {cpus:g} with --gpus-per-trial {gpus:g}: no node has both (nodes: "
+                + ", ".join(f"{n.get('CPU', 0):g} CPU/{n.get('GPU', 0):g} GPU" for n in nodes) + ")")
+    return None
+
+
+def local_node(opts: SweepOptions) -> dict[str, float]:
+    """What the local cluster this command would start declares: --num-cpus/--num-gpus, else this machine's."""
+    gpus = opts.num_gpus
+    if gpus is None:
+        import torch  # Ray counts the GPUs CUDA shows; torch asks the same driver without starting a cluster
+
+        gpus = torch.cuda.device_count()
+    return {"CPU": float(opts.num_cpus or os.cpu_count() or 1), "GPU": float(gpus)}
+
+
+def check_resources(opts: SweepOptions, nodes: list[Mapping[str, float]]) -> None:
+    """Refuse, before any trial starts, a per-trial request that no node of `nodes` can ever hold (Ray would
+    wait for it forever); with `--autoscaling` the wait is the cluster's to end."""
+    if opts.autoscaling:
+        return
+    why = unfit_request(opts.cpus_per_trial, opts.gpus_per_trial, nodes, local=not opts.address)
+    if why:
+        raise ConfigError(why + ("" if not opts.address else " (pass --autoscaling if the cluster adds nodes)"))
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")  # (not imported: not running, and nothing here needs it)
+    return ray is not None and ray.is_initialized()
+
+
+def is_remote(opts: SweepOptions) -> bool:
+    return "://" in opts.storage_path
+
+
+def storage_root(opts: SweepOptions) -> str:
+    return opts.storage_path if is_remote(opts) else str(Path(opts.storage_path).resolve())
+
+
+def experiment_name(opts: SweepOptions, preset: str) -> str:
+    """--name, else on --resume the newest local experiment of this sweep and preset, else a fresh name."""
+    if opts.name:
+        return opts.name
+    prefix = f"{opts.sweep}-{preset}-"
+    if opts.resume:
+        if is_remote(opts):
+            raise ConfigError("--resume with remote storage needs --name (the experiment to resume)")
+        root = Path(storage_root(opts))
+        found = sorted((p for p in root.glob(prefix + "*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise nothing_to_resume(opts, f"{prefix}*")
+        return found[-1].name
+    return prefix + time.strftime("%Y%m%d-%H%M%S")
+
+
+def nothing_to_resume(opts: SweepOptions, experiment: str) -> ConfigError:
+    """--resume found no `experiment`: where it looked, and how to point it elsewhere."""
+    default = f" (--storage-path's default: ./{DEFAULT_STORAGE} of the folder the command runs in)" \
+        if opts.storage_path == DEFAULT_STORAGE else ""
+    return ConfigError(f"--resume: no experiment {experiment} in {storage_root(opts)}{default}; pass the "
+                       f"--storage-path and --name the sweep ran with (the line that stopped it printed both)")
+
+
+def resume_command(opts: SweepOptions, name: str) -> str:
+    """The command (from any folder where `portable_command` is set), naming the experiment and asking to
+    resume it."""
+    parts = shlex.split(opts.portable_command or opts.command)
+    extra = ([] if "--name" in parts or any(p.startswith("--name=") for p in parts) else ["--name", name]) + \
+        ([] if "--resume" in parts else ["--resume"])
+    return shlex.join([*parts, *extra])
