@@ -220,14 +220,14 @@ def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | No
     from pefusion.sweep.options import SweepOptions
     from pefusion.tracking.provenance import command_line
 
+    gpus, space = gpus_per_trial(args.gpus_per_trial), search_space_path(args)
     program = "" if argv is None else ENTRY_POINTS[sweep]
     given = list(sys.argv[1:] if argv is None else argv)
     portable = portable_args(args, given)
-    space = search_space_path(args)
     return SweepOptions(
         sweep=sweep, search_space=space, experiment=args.experiment, name=args.name, storage_path=args.storage_path,
-        address=args.address, cpus_per_trial=args.cpus_per_trial, gpus_per_trial=gpus_per_trial(args.gpus_per_trial),
-        num_cpus=args.num_cpus, num_gpus=args.num_gpus, max_concurrent=args.max_concurrent, resume=args.resume,
+        address=args.address, cpus_per_trial=args.cpus_per_trial, gpus_per_trial=gpus, num_cpus=args.num_cpus,
+        num_gpus=args.num_gpus, max_concurrent=args.max_concurrent, resume=args.resume,
         tracking_uri=args.tracking_uri, dashboard=not args.no_dashboard, verbose=args.verbose,
         progress=not args.quiet, max_failures=args.max_failures, autoscaling=args.autoscaling,
         stack=getattr(args, "stack_seeds", None), command=command_line(given, program=program),

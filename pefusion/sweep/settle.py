@@ -4,12 +4,14 @@ option as the sweep will run it, or a one-line ConfigError.
 What it settles, in order: every point of the search space checked; the stackable key stacked or not; GPUs per
 trial (`auto`: measured); the request checked against the local cluster this command would start (a joined one is
 checked once joined, `check_resources`: only then are its nodes known); the MLflow tracking store (resolved and
-reachable) and experiment; the Ray experiment's name and folder, and for `--resume` that there is one to continue.
+reachable) and experiment; the Ray experiment's name and folder, and for `--resume` that there is one to continue,
+saved by a version that this one resumes.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import shlex
 import sys
 import time
@@ -50,11 +52,28 @@ def settle(study: StudySweep, opts: SweepOptions) -> SettledSweep:
     check_tracking(uri)
     name = experiment_name(opts, study.preset)
     path = f"{storage_root(opts).rstrip('/')}/{name}"
-    if opts.resume and not is_remote(opts) and not Path(path).is_dir():
-        raise nothing_to_resume(opts, name)
+    if opts.resume and not is_remote(opts):
+        check_restorable(path, name, opts)
     if not opts.resume and not is_remote(opts) and Path(path).exists():
         raise ConfigError(f"experiment {path} exists: pass --resume to continue it, or another --name")
     return SettledSweep(study, opts, uri, opts.experiment or study.experiment, name, path, resume_command(opts, name))
+
+
+def check_restorable(path: str, name: str, opts: SweepOptions) -> None:
+    """A local experiment to --resume, saved by a version of pefusion this one can resume: its Tune state
+    (tuner.pkl) names no pefusion code this version lacks (0.1's callbacks lived in `pefusion.sweep.live`)."""
+    if not Path(path).is_dir():
+        raise nothing_to_resume(opts, name)
+    saved = Path(path) / "tuner.pkl"
+    try:
+        pickle.loads(saved.read_bytes())  # (Ray's classes and this package's: imports Ray, starts nothing)
+    except FileNotFoundError:
+        return  # no Tune state yet (stopped as it started): Tune's restore says so
+    except (ModuleNotFoundError, AttributeError) as exc:
+        if "pefusion" not in str(exc):
+            raise
+        raise ConfigError(f"{path} was saved by pefusion 0.1, whose sweeps pefusion 0.2 cannot resume ({exc}); "
+                          f"continue it with pefusion 0.1, or start it again without --resume") from None
 
 
 def validate(study: StudySweep) -> int:

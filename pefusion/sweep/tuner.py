@@ -107,8 +107,7 @@ def catching_errors(trainable: Callable[..., None], metric: str | None = None) -
 
 
 # The callbacks of the driver restoring an experiment, while Tune unpickles the experiment's (`DriverCallbacks`).
-_RESTORING: contextvars.ContextVar[Sequence[tune.Callback]] = contextvars.ContextVar("pefusion_restoring",
-                                                                                     default=())
+_RESTORING: contextvars.ContextVar[Sequence[tune.Callback]] = contextvars.ContextVar("pefusion_restoring")
 
 
 class DriverCallbacks(CallbackList):
@@ -125,7 +124,7 @@ class DriverCallbacks(CallbackList):
 
 
 def _restoring_driver_callbacks() -> DriverCallbacks:
-    return DriverCallbacks(list(_RESTORING.get()))
+    return DriverCallbacks(list(_RESTORING.get(())))
 
 
 @contextlib.contextmanager
@@ -153,7 +152,8 @@ def run_tune(settled: SettledSweep, shipped: Mapping[str, Any], callbacks: Seque
     with _tune_env(), _sigterm_as_ctrl_c():
         if opts.resume:
             with restored_with(callbacks):
-                tuner = _restore(settled, wrapped, param_space)
+                tuner = tune.Tuner.restore(settled.path, wrapped, resume_unfinished=True, resume_errored=False,
+                                           param_space=param_space)
         else:
             tuner = tune.Tuner(
                 wrapped, param_space=param_space,
@@ -170,17 +170,6 @@ def run_tune(settled: SettledSweep, shipped: Mapping[str, Any], callbacks: Seque
                 ),
             )
         tuner.fit()
-
-
-def _restore(settled: SettledSweep, trainable: Any, param_space: Mapping[str, Any]) -> tune.Tuner:
-    try:
-        return tune.Tuner.restore(settled.path, trainable, resume_unfinished=True, resume_errored=False,
-                                  param_space=param_space)
-    except (ModuleNotFoundError, AttributeError) as exc:  # a callback class of pefusion 0.1 (`pefusion.sweep.live`)
-        if "pefusion" not in str(exc):
-            raise
-        raise ConfigError(f"{settled.path} was saved by pefusion 0.1, whose sweeps pefusion 0.2 cannot resume "
-                          f"({exc}); continue it with pefusion 0.1, or start it again without --resume") from None
 
 
 @contextlib.contextmanager
