@@ -30,6 +30,7 @@ import pandas as pd
 
 from pefusion import record as R
 from pefusion.errors import SweepInterrupted
+from pefusion.sweep import console
 from pefusion.sweep.console import counted
 from pefusion.sweep.options import SweepOptions
 from pefusion.sweep.outcomes import Outcomes, result_rows
@@ -68,7 +69,8 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
         values = study.space[stacked].values
         print(f"{stacked} {', '.join(map(str, values))} stacked: each of the {grid_size(study.space)} trials trains "
               f"its {len(values)} runs together, as one batched model", flush=True)
-    start_cluster(settled)
+    console.quiet(settled.path, opts.verbose)  # Ray's and MLflow's messages to the experiment's driver.log
+    start_cluster(opts)
     # Opened while Tune starts the trials' processes (both take seconds); a trial's first event waits for it.
     recorder = SweepRecorder(settled.tracking_uri, settled.experiment, opts.sweep, settled.path, wait=False,
                              announce=True, system_metrics=True,

@@ -1,4 +1,5 @@
-"""`--gpus-per-trial auto`: how many trials share one GPU, decided before Ray starts from a measured peak.
+"""GPUs per trial: `--gpus-per-trial auto`, how many trials share one GPU, decided before Ray starts from a measured
+peak (`resolve_gpus`); and whether a node can hold one trial's request of CPUs and GPUs (`check_resources`).
 
 Ray divides a GPU's *scheduling* (0.25: four trials on one card), not its memory: four trials whose peaks do not
 fit together end in CUDA out-of-memory errors. `auto` has the study measure the largest trial of the sweep on
@@ -10,12 +11,19 @@ cards needs an explicit fraction), and a trial is one process on one card.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from pefusion import record as R
 from pefusion.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pefusion.sweep.options import SweepOptions
+    from pefusion.sweep.study import StudySweep
 
 AUTO = "auto"  # --gpus-per-trial auto; left out (None), it is auto too, but quiet where a study uses no GPU
 GIB = 1024 ** 3
@@ -153,3 +161,63 @@ def _measure(probe: GpuProbe, points: list[dict[str, Any]]) -> tuple[int, str, i
     free, total = torch.cuda.mem_get_info()
     peak, trial = probe(points)
     return peak, trial, free, total, torch.cuda.get_device_name()
+
+
+def resolve_gpus(study: StudySweep, opts: SweepOptions) -> SweepOptions:
+    """`opts` with `--gpus-per-trial auto` (typed, or the flag left out) replaced by the fraction it means here,
+    printed and tagged on the parent run with its reason; a number as it is. Left out for a study whose trials
+    never use a GPU: no GPU, and nothing to say."""
+    if opts.gpus_per_trial is None and study.gpu_probe is None:
+        return dataclasses.replace(opts, gpus_per_trial=0.0)
+    if opts.gpus_per_trial not in (AUTO, None):
+        return opts
+    explicit = opts.gpus_per_trial == AUTO
+    packing = auto_packing(study.gpu_probe, study.space.trial_points(), sweep=study.sweep, remote=bool(opts.address),
+                           declared_gpus=opts.num_gpus, explicit=explicit)
+    print(f"--gpus-per-trial auto{'' if explicit else ' (the default)'}: {packing.reason}", flush=True)
+    return dataclasses.replace(opts, gpus_per_trial=packing.gpus_per_trial,
+                               tags={**opts.tags, R.TAG_GPUS_PER_TRIAL: f"{packing.gpus_per_trial:g}",
+                                     R.TAG_GPUS_AUTO: packing.reason})
+
+
+def unfit_request(cpus: float, gpus: float, nodes: list[Mapping[str, float]], *, local: bool) -> str | None:
+    """Why no node of `nodes` (their Ray resources) can ever hold one trial's request, or None if one can.
+
+    A pure function of what Ray reports, so the message is testable without a cluster of that shape.
+    """
+    most_cpus = max((n.get("CPU", 0.0) for n in nodes), default=0.0)
+    most_gpus = max((n.get("GPU", 0.0) for n in nodes), default=0.0)
+    declare = "--num-gpus N" if local else "`ray start --num-gpus N` on a node"
+    if gpus > 0 and most_gpus == 0:
+        return (f"--gpus-per-trial {gpus:g} but the cluster has no GPU; declare logical GPUs with {declare} "
+                f"or leave the flag out")
+    if gpus > most_gpus:
+        return f"--gpus-per-trial {gpus:g} but the largest node has {most_gpus:g} GPUs; lower --gpus-per-trial"
+    if cpus > most_cpus:
+        more = "--num-cpus N" if local else "a node with more CPUs"
+        return (f"--cpus-per-trial {cpus:g} but the largest node has {most_cpus:g} CPUs; lower --cpus-per-trial "
+                f"or declare more with {more}")
+    if not any(n.get("CPU", 0.0) >= cpus and n.get("GPU", 0.0) >= gpus for n in nodes):
+        return (f"--cpus-per-trial {cpus:g} with --gpus-per-trial {gpus:g}: no node has both (nodes: "
+                + ", ".join(f"{n.get('CPU', 0):g} CPU/{n.get('GPU', 0):g} GPU" for n in nodes) + ")")
+    return None
+
+
+def local_node(opts: SweepOptions) -> dict[str, float]:
+    """What the local cluster this command would start declares: --num-cpus/--num-gpus, else this machine's."""
+    gpus = opts.num_gpus
+    if gpus is None:
+        import torch  # Ray counts the GPUs CUDA shows; torch asks the same driver without starting a cluster
+
+        gpus = torch.cuda.device_count()
+    return {"CPU": float(opts.num_cpus or os.cpu_count() or 1), "GPU": float(gpus)}
+
+
+def check_resources(opts: SweepOptions, nodes: list[Mapping[str, float]]) -> None:
+    """Refuse, before any trial starts, a per-trial request that no node of `nodes` can ever hold (Ray would
+    wait for it forever); with `--autoscaling` the wait is the cluster's to end."""
+    if opts.autoscaling:
+        return
+    why = unfit_request(opts.cpus_per_trial, opts.gpus_per_trial, nodes, local=not opts.address)
+    if why:
+        raise ConfigError(why + ("" if not opts.address else " (pass --autoscaling if the cluster adds nodes)"))

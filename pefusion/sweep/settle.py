@@ -1,27 +1,23 @@
 """One place that settles a sweep before Ray starts (`settle`): from a study and the options of its flags, every
 option as the sweep will run it, or a one-line ConfigError.
 
-What it settles, in order: every point of the search space checked; the stackable key stacked or not; GPUs per
-trial (`auto`: measured); the request checked against the local cluster this command would start (a joined one is
-checked once joined, `check_resources`: only then are its nodes known); the MLflow tracking store (resolved and
-reachable) and experiment; the Ray experiment's name and folder, and for `--resume` that there is one to continue,
-saved by a version that this one resumes.
+What it settles, in order: every point of the search space checked; the Ray experiment's name and folder, and for
+`--resume` that there is one to continue, saved by a version that this one resumes; the stackable key stacked or
+not; GPUs per trial (`auto`: measured) and the request checked against the local cluster this command would start
+(`pefusion.sweep.gpus`; a joined cluster is checked once joined: only then are its nodes known); the MLflow
+tracking store (resolved and reachable) and experiment.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 import shlex
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
-
-from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.sweep.gpus import AUTO, auto_packing, trials_get_a_gpu
+from pefusion.sweep.gpus import check_resources, local_node, resolve_gpus, trials_get_a_gpu
 from pefusion.sweep.options import DEFAULT_STORAGE, SweepOptions
 from pefusion.sweep.space import Grid, Stack
 from pefusion.sweep.study import StudySweep
@@ -44,18 +40,18 @@ class SettledSweep:
 def settle(study: StudySweep, opts: SweepOptions) -> SettledSweep:
     """Every option of the sweep of `study` under `opts`, checked; see the module docstring."""
     validate(study)
-    study = resolve_stacking(study, opts)
-    opts = resolve_gpus(study, opts)
-    if not opts.address and not _ray_running():  # (a sweep inside a running `ray.init` is checked by Ray's nodes)
-        check_resources(opts, [local_node(opts)])
-    uri = resolve_tracking_uri(opts.tracking_uri)
-    check_tracking(uri)
     name = experiment_name(opts, study.preset)
     path = f"{storage_root(opts).rstrip('/')}/{name}"
     if opts.resume and not is_remote(opts):
         check_restorable(path, name, opts)
     if not opts.resume and not is_remote(opts) and Path(path).exists():
         raise ConfigError(f"experiment {path} exists: pass --resume to continue it, or another --name")
+    study = resolve_stacking(study, opts)
+    opts = resolve_gpus(study, opts)
+    if not opts.address and not _ray_running():  # (a sweep inside a running `ray.init` is checked by Ray's nodes)
+        check_resources(opts, [local_node(opts)])
+    uri = resolve_tracking_uri(opts.tracking_uri)
+    check_tracking(uri)
     return SettledSweep(study, opts, uri, opts.experiment or study.experiment, name, path, resume_command(opts, name))
 
 
@@ -102,66 +98,6 @@ def resolve_stacking(study: StudySweep, opts: SweepOptions) -> StudySweep:
     if stack == stacked:
         return study
     return dataclasses.replace(study, space=study.space.stacked(key) if stack else study.space.unstacked(key))
-
-
-def resolve_gpus(study: StudySweep, opts: SweepOptions) -> SweepOptions:
-    """`opts` with `--gpus-per-trial auto` (typed, or the flag left out) replaced by the fraction it means here,
-    printed and tagged on the parent run with its reason; a number as it is. Left out for a study whose trials
-    never use a GPU: no GPU, and nothing to say."""
-    if opts.gpus_per_trial is None and study.gpu_probe is None:
-        return dataclasses.replace(opts, gpus_per_trial=0.0)
-    if opts.gpus_per_trial not in (AUTO, None):
-        return opts
-    explicit = opts.gpus_per_trial == AUTO
-    packing = auto_packing(study.gpu_probe, study.space.trial_points(), sweep=study.sweep, remote=bool(opts.address),
-                           declared_gpus=opts.num_gpus, explicit=explicit)
-    print(f"--gpus-per-trial auto{'' if explicit else ' (the default)'}: {packing.reason}", flush=True)
-    return dataclasses.replace(opts, gpus_per_trial=packing.gpus_per_trial,
-                               tags={**opts.tags, R.TAG_GPUS_PER_TRIAL: f"{packing.gpus_per_trial:g}",
-                                     R.TAG_GPUS_AUTO: packing.reason})
-
-
-def unfit_request(cpus: float, gpus: float, nodes: list[Mapping[str, float]], *, local: bool) -> str | None:
-    """Why no node of `nodes` (their Ray resources) can ever hold one trial's request, or None if one can.
-
-    A pure function of what Ray reports, so the message is testable without a cluster of that shape.
-    """
-    most_cpus = max((n.get("CPU", 0.0) for n in nodes), default=0.0)
-    most_gpus = max((n.get("GPU", 0.0) for n in nodes), default=0.0)
-    declare = "--num-gpus N" if local else "`ray start --num-gpus N` on a node"
-    if gpus > 0 and most_gpus == 0:
-        return (f"--gpus-per-trial {gpus:g} but the cluster has no GPU; declare logical GPUs with {declare} "
-                f"or leave the flag out")
-    if gpus > most_gpus:
-        return f"--gpus-per-trial {gpus:g} but the largest node has {most_gpus:g} GPUs; lower --gpus-per-trial"
-    if cpus > most_cpus:
-        more = "--num-cpus N" if local else "a node with more CPUs"
-        return (f"--cpus-per-trial {cpus:g} but the largest node has {most_cpus:g} CPUs; lower --cpus-per-trial "
-                f"or declare more with {more}")
-    if not any(n.get("CPU", 0.0) >= cpus and n.get("GPU", 0.0) >= gpus for n in nodes):
-        return (f"--cpus-per-trial {cpus:g} with --gpus-per-trial {gpus:g}: no node has both (nodes: "
-                + ", ".join(f"{n.get('CPU', 0):g} CPU/{n.get('GPU', 0):g} GPU" for n in nodes) + ")")
-    return None
-
-
-def local_node(opts: SweepOptions) -> dict[str, float]:
-    """What the local cluster this command would start declares: --num-cpus/--num-gpus, else this machine's."""
-    gpus = opts.num_gpus
-    if gpus is None:
-        import torch  # Ray counts the GPUs CUDA shows; torch asks the same driver without starting a cluster
-
-        gpus = torch.cuda.device_count()
-    return {"CPU": float(opts.num_cpus or os.cpu_count() or 1), "GPU": float(gpus)}
-
-
-def check_resources(opts: SweepOptions, nodes: list[Mapping[str, float]]) -> None:
-    """Refuse, before any trial starts, a per-trial request that no node of `nodes` can ever hold (Ray would
-    wait for it forever); with `--autoscaling` the wait is the cluster's to end."""
-    if opts.autoscaling:
-        return
-    why = unfit_request(opts.cpus_per_trial, opts.gpus_per_trial, nodes, local=not opts.address)
-    if why:
-        raise ConfigError(why + ("" if not opts.address else " (pass --autoscaling if the cluster adds nodes)"))
 
 
 def _ray_running() -> bool:

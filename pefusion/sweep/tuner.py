@@ -25,10 +25,10 @@ from ray.tune.logger import JsonLoggerCallback
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.sweep import console
 from pefusion.sweep.options import SweepOptions
 from pefusion.sweep.search import checkpoints_to_keep
-from pefusion.sweep.settle import SettledSweep, check_resources, storage_root
+from pefusion.sweep.gpus import check_resources
+from pefusion.sweep.settle import SettledSweep, storage_root
 from pefusion.sweep.space import to_tune
 from pefusion.tracking.store import import_client_in_background
 from pefusion.tracking.trials import error_summary
@@ -66,12 +66,10 @@ def start_ray(opts: SweepOptions) -> str:
     return url
 
 
-def start_cluster(settled: SettledSweep) -> None:
-    """Ray for the sweep: Ray's and MLflow's messages sent to the experiment's driver.log (`-v`: left here), the
-    tracking client imported while Ray starts or joins `--address`, and the cluster checked for a node that holds
-    one trial's request (a ConfigError; the cluster this stopped, if it started it)."""
-    opts = settled.opts
-    console.quiet(settled.path, opts.verbose)
+def start_cluster(opts: SweepOptions) -> None:
+    """Ray for the sweep: the tracking client imported while Ray starts or joins `--address`, and the cluster
+    checked for a node that holds one trial's request (a ConfigError; the cluster this stopped, if it started it).
+    Call after `console.quiet`: Ray and MLflow set up their loggers as they start."""
     import_client_in_background()  # while Ray starts
     started_here = not ray.is_initialized()
     dashboard = start_ray(opts)
