@@ -41,7 +41,7 @@ def settle(study: StudySweep, opts: SweepOptions) -> SettledSweep:
     """Every option of the sweep of `study` under `opts`, checked; see the module docstring."""
     validate(study)
     name = experiment_name(opts, study.preset)
-    path = f"{storage_root(opts).rstrip('/')}/{name}"
+    path, resume = f"{storage_root(opts).rstrip('/')}/{name}", resume_command(opts, name)
     if opts.resume and not is_remote(opts):
         check_restorable(path, name, opts)
     if not opts.resume and not is_remote(opts) and Path(path).exists():
@@ -52,7 +52,7 @@ def settle(study: StudySweep, opts: SweepOptions) -> SettledSweep:
         check_resources(opts, [local_node(opts)])
     uri = resolve_tracking_uri(opts.tracking_uri)
     check_tracking(uri)
-    return SettledSweep(study, opts, uri, opts.experiment or study.experiment, name, path, resume_command(opts, name))
+    return SettledSweep(study, opts, uri, opts.experiment or study.experiment, name, path, resume)
 
 
 def check_restorable(path: str, name: str, opts: SweepOptions) -> None:
