@@ -105,3 +105,27 @@ def test_a_stacked_seed_that_diverges_is_recorded_while_the_others_train_on(smok
     for seed in (0, 2):
         assert records[seed][R.STATUS] == R.STATUS_OK and records[seed][R.EPOCHS_RUN] == 3
         assert np.isfinite(records[seed][R.TEST_ACC])
+
+
+@pytest.mark.parametrize("gpus_per_trial", [None, 0.5])
+def test_the_grid_trains_one_trial_per_seed_by_default_also_where_trials_get_a_gpu(
+        monkeypatch, tmp_path, smoke_preset, gpus_per_trial):
+    """`--stack-seeds` left out on a machine with a CUDA device and a local cluster of one (logical) GPU, with
+    `--gpus-per-trial` auto or 0.5: the seeds stay a grid, one trial each; `--stack-seeds` stacks them."""
+    from pefusion.cli.fusion import pefusion_study
+    from pefusion.fusion.config import RULES
+    from pefusion.sweep.driver import resolve_stacking
+    from pefusion.sweep.options import SweepOptions
+    from pefusion.sweep.space import parse_search_space
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    space = parse_search_space({"fusion": {"grid": ["add"]}, "seed": {"grid": [0, 1, 2]}}, RULES)
+    study = pefusion_study("arxiv_grid", "smoke", smoke_preset, space, 1.0)
+
+    def settled(stack):
+        opts = SweepOptions(sweep="arxiv_grid", experiment="pe-fusion", storage_path=str(tmp_path), num_gpus=1,
+                            gpus_per_trial=gpus_per_trial, stack=stack)
+        return resolve_stacking(study, opts).space.stacked_key()
+
+    assert settled(None) is None and settled(False) is None
+    assert settled(True) == "seed"
