@@ -1,4 +1,4 @@
-"""The PE-fusion classifier (SPEC §1): embed, fuse position, encode, mean-pool, classify.
+"""The PE-fusion classifier (docs/model.md): embed, fuse position, encode, mean-pool, classify.
 
     E = Embedding(V, d, padding_idx=0)(x) · √d          # (B, T, d)
     H = fuse(E, P)                                      # P (1, T, d) from the input PE

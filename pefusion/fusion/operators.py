@@ -1,4 +1,4 @@
-"""Fusion operators H = fuse(E, P) of SPEC §1, the object of the PE-fusion study.
+"""Fusion operators H = fuse(E, P) (docs/model.md), the object of the PE-fusion study.
 
 Every operator is an nn.Module with `forward(E, P, pad_mask) -> H`: E (B, T, d) token embeddings, P (1 or B, T, d)
 position features, pad_mask (B, T) bool with True at padding. Parameter shapes follow the paper's code exactly

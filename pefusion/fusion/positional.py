@@ -1,4 +1,4 @@
-"""Positional schemes of the PE-fusion classifier, one section per `pe_type` (SPEC §1).
+"""Positional schemes of the PE-fusion classifier, one section per `pe_type` (docs/model.md).
 
 Two kinds:
 - input PEs (`sinusoidal`, `learned`, `rope`, `relative`, `none`) return P of shape (1, T, d), which a fusion

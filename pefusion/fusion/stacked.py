@@ -197,7 +197,7 @@ class StackedTrainer:
 
     # --- records and checkpoints -------------------------------------------------------------------------------
     def final_records(self, length_edges: tuple[int, ...]) -> dict[int, dict[str, Any]]:
-        """Each seed's SPEC §3 record from its own Trainer (its best state restored, tested and timed alone, as a
+        """Each seed's record from its own Trainer (its best state restored, tested and timed alone, as a
         separate trial would be), or its diverged record."""
         return {seed: (t.failure_record(R.STATUS_DIVERGED, self.diverged[seed]) if seed in self.diverged
                        else t.final_record(length_edges)) for seed, t in self.trainers.items()}
