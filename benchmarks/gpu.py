@@ -48,7 +48,8 @@ same documents. One JSON line per configuration, on stdout and in --json-out:
 - `stacked`, per model × precision × `--stacked` S: one trial (fusion add), then S seeds of it trained together
   as one stacked model (`pefusion.fusion.stacked`), each for one timed epoch after the warm-up steps:
   `trial_samples_per_s`, `samples_per_s` (all S seeds' samples), `speedup` (their ratio: what stacking gains over
-  one trial on the card), and the peak memory of each (`trial_peak_mem_*_mib`, `peak_mem_*_mib`).
+  one trial on the card), and the peak memory of each (`trial_peak_mem_*_mib`, `peak_mem_*_mib`); where either
+  fails, `error` (the exception's type and first line) and no rates, and the benchmark goes on.
 
 Every `train`, `packing`, `shapes` and `stacked` line also carries the device (`device`, `device_name`, `torch`), the model
 (`model`, `pe_type`, `fusion`, `d_model`, `num_layers`, `max_len`, `batch_size`, `params`), the precision asked
@@ -423,7 +424,7 @@ def measure_stacked(plan: Plan, model: str, precision: str, seeds: int, corpus: 
     """One `stacked` line: one trial of the model (fusion add), then `seeds` seeds of it trained together as one
     stacked model (`pefusion.fusion.stacked`, each seed its own data order), each after warm-up steps for one
     timed epoch of the corpus: samples/s of the one trial and of the seeds together, their ratio, and the peak
-    memory of each."""
+    memory of each; or, where either fails, the error (`error`, and `oom` for running out of memory)."""
     device = torch.device(plan.device)
     trainer = build(plan, model, "add", precision, corpus)
     line = {"bench": "stacked", **describe(plan, model, trainer), "seeds": seeds, "oom": False}
@@ -449,6 +450,9 @@ def measure_stacked(plan: Plan, model: str, precision: str, seeds: int, corpus: 
         alloc, reserved = peak_memory_mib(device)
     except torch.OutOfMemoryError as exc:
         line.update(oom=True, error=str(exc).splitlines()[0])
+        return line
+    except Exception as exc:  # the line says why, and the benchmark's other lines still run
+        line.update(error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         return line
     finally:
         trainer = stacked = None

@@ -222,3 +222,19 @@ def test_a_bad_flag_is_one_line_and_exit_code_2(tmp_path):
                           env=subprocess_env(), timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == "error: --precisions fp16 is not allowed; choose from auto, fp32, tf32, bf16"
+
+
+def test_a_stacked_line_that_fails_records_the_error_and_returns(monkeypatch):
+    """A stacked model that raises in training (as the fused attention backward once did on a card) gives a
+    `stacked` line with the error's type and first line, no rates, and no exception to stop the benchmark."""
+    import benchmarks.gpu as bench
+
+    class Crashing(bench.StackedTrainer):
+        def train_steps(self):
+            raise RuntimeError("LSE is not correctly aligned (strideH)\nmore")
+
+    monkeypatch.setattr(bench, "StackedTrainer", Crashing)
+    plan = bench.Plan(tiny=True, steps=2, warmup=1, latency_repeats=1, seed=0, device="cpu")
+    line = bench.measure_stacked(plan, "agnews_imdb", "fp32", 2, bench.make_corpus(plan, "agnews_imdb"))
+    assert line["bench"] == "stacked" and line["oom"] is False
+    assert line["error"] == "RuntimeError: LSE is not correctly aligned (strideH)" and "speedup" not in line

@@ -64,8 +64,8 @@ def grid_main(argv: Sequence[str] | None = None) -> int:
     add_grid_flags(parser)
     parser.add_argument("--stack-seeds", action=argparse.BooleanOptionalAction, default=None,
                         help="train the seeds of each (pe_type, fusion) cell together in one trial, as one batched "
-                             "model, each seed still its own run in every record (default: where the trials get "
-                             "a GPU; --no-stack-seeds: one trial per seed)")
+                             "model, each seed still its own run in every record (default, and --no-stack-seeds: one "
+                             "trial per seed, on every device)")
     parser.add_argument("--epochs", type=int, help="maximum epochs per trial (default: the preset's)")
     add_data_flags(parser)
     add_sweep_flags(parser, experiment=PEFUSION_EXPERIMENT, search_space="arxiv_grid.yaml")

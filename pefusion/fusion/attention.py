@@ -39,41 +39,6 @@ def _keep_mask_into(out: torch.Tensor, rng: np.random.SFC64, p: float) -> None:
     torch.ge(torch.from_numpy(bits).view(out.shape), round(p * 2 ** 32) - 2 ** 31, out=out)
 
 
-def _seeds_first(x: torch.Tensor, dim: int | None, size: int) -> torch.Tensor:
-    """A tensor a vmap rule received, its vmapped (seed) dimension `dim` moved first (added, of `size`, where the
-    tensor is not batched)."""
-    return x.movedim(dim, 0) if dim is not None else x.expand(size, *x.shape)
-
-
-class _MaskedDropout(torch.autograd.Function):
-    """x · mask / (1 − p) with a `_keep_mask_into` mask, which it also returns (its backward multiplies by it).
-
-    An autograd Function so that it runs under `torch.func.vmap` (the stacked seeds of `pefusion.fusion.stacked`),
-    where numpy cannot draw: its vmap rule draws one mask for every seed's tensor at once, outside vmap."""
-
-    @staticmethod
-    def forward(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
-        mask = torch.empty(x.shape, dtype=x.dtype)
-        _keep_mask_into(mask, _generator(), p)
-        mask.mul_(1.0 / (1.0 - p))
-        return x * mask, mask
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.mark_non_differentiable(output[1])
-        ctx.save_for_backward(output[1])
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor, _mask_grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (mask,) = ctx.saved_tensors
-        return grad * mask, None
-
-    @staticmethod
-    def vmap(info, in_dims, x, p):
-        return _MaskedDropout.apply(_seeds_first(x, in_dims[0], info.batch_size), p), (0, 0)
-
-
 class Dropout(nn.Dropout):
     """nn.Dropout; training on a CPU, its mask comes from `_keep_mask_into`: forward + backward of a
     (32, 512, 128) activation take ~10 ms instead of ~22 ms with bernoulli_ (the step above: 2.06 -> 1.79 s)."""
@@ -82,7 +47,9 @@ class Dropout(nn.Dropout):
         if not (self.training and not self.inplace and 0 < self.p < 1 and x.device.type == "cpu"
                 and x.dtype in (torch.float32, torch.float64)):
             return super().forward(x)
-        return _MaskedDropout.apply(x, self.p)[0]
+        mask = torch.empty(x.shape, dtype=x.dtype)
+        _keep_mask_into(mask, _generator(), self.p)
+        return x * mask.mul_(1.0 / (1.0 - self.p))  # backward multiplies by the same mask
 
 
 def _blocks(B: int, H: int, T: int) -> list[tuple[slice, slice]]:
@@ -180,19 +147,6 @@ class _ChunkedDropoutAttention(torch.autograd.Function):
             torch.bmm(_rows(qs, docs, heads).transpose(1, 2), grad_logits, out=_rows(grad_kT, docs, heads))
         return grad_q.mul_(ctx.scale), grad_kT.transpose(-1, -2), grad_vT.transpose(-1, -2), None, None
 
-    @staticmethod
-    def vmap(info, in_dims, q, k, v, bias, p):
-        """Under vmap over stacked seeds: every seed's documents as one batch (S·B, H, T, hd), the kernel once, its
-        dropout masks drawn outside vmap (numpy cannot draw under it)."""
-        S = info.batch_size
-        q, k, v = (_seeds_first(t, d, S) for t, d in zip((q, k, v), in_dims[:3]))
-        B = q.shape[1]
-        if in_dims[3] is not None:  # a bias per seed: (S, 1 or B, ...) -> (S·B, ...)
-            bias = _seeds_first(bias, in_dims[3], S)
-            bias = bias.expand(S, B, *bias.shape[2:]).flatten(0, 1)
-        out, keep = _ChunkedDropoutAttention.apply(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), bias, p)
-        return (out.unflatten(0, (S, B)), keep.unflatten(0, (S, B))), (0, 0)
-
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor,
               dropout_p: float) -> torch.Tensor:
@@ -209,20 +163,3 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
         if usable:  # SDPA's math path returns 0 for a fully masked row; plain softmax would give NaN there
             return _ChunkedDropoutAttention.apply(q, k, v, bias, dropout_p)[0]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
-
-
-def vmapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor,
-                      dropout_p: float) -> torch.Tensor:
-    """`attention` for a model under `torch.func.vmap` (the stacked seeds of `pefusion.fusion.stacked`), without
-    the branches on the mask's values that vmap cannot take (the model lets a document of padding only attend
-    everywhere, so no row is fully masked). On CUDA, SDPA itself: its flash, memory-efficient and cuDNN kernels
-    have batching rules, which fold the seeds into the batch. On a CPU, training with dropout, the chunked kernel,
-    whose vmap rule does the same; otherwise the function SDPA computes, written out, since vmap has no batching
-    rule for CPU SDPA (it would loop over the seeds)."""
-    if q.device.type == "cuda":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
-    bias = attn_mask.to(q.dtype) if attn_mask.is_floating_point() else \
-        torch.zeros(attn_mask.shape, dtype=q.dtype).masked_fill(~attn_mask, float("-inf"))
-    if dropout_p > 0:
-        return _ChunkedDropoutAttention.apply(q, k, v, bias, dropout_p)[0]
-    return torch.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5 + bias, -1) @ v  # (B, H, T, hd)

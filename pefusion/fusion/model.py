@@ -1,4 +1,4 @@
-"""The PE-fusion classifier (SPEC §1): embed, fuse position, encode, mean-pool, classify.
+"""The PE-fusion classifier (docs/model.md): embed, fuse position, encode, mean-pool, classify.
 
     E = Embedding(V, d, padding_idx=0)(x) · √d          # (B, T, d)
     H = fuse(E, P)                                      # P (1, T, d) from the input PE
@@ -13,6 +13,11 @@ paper's model. `final_norm` adds it (nn.TransformerEncoder's `norm=LayerNorm(d)`
 residual stream otherwise reaches the pooling unnormalised; `embed_dropout` drops features of the fused H and
 `embed_scale=False` leaves out the √d.
 
+The same classes run S seeds' models as one (`pefusion.fusion.stacked`): with every parameter stacked to
+(S, ...) (`pefusion.fusion.layers`), the input is (S, B, T) and the logits (S, B, C); attention sees the seeds
+folded into its batch, (S·B, H, T, hd), ordinary tensors for whichever SDPA kernel the device has. Every shape
+comment below is a plain model's; a stack puts S in front.
+
 Training on a CPU, dropout runs through `pefusion.fusion.attention` (`attention` for the attention
 probabilities, instead of SDPA's math path, and `Dropout` for activations).
 """
@@ -26,41 +31,38 @@ import torch.nn.functional as F
 from torch import nn
 
 from pefusion.errors import ConfigError
-from pefusion.fusion.attention import Dropout, attention, vmapped_attention
+from pefusion.fusion.attention import Dropout, attention
 from pefusion.fusion.config import ModelConfig
+from pefusion.fusion.layers import Embedding, LayerNorm, Linear, linear
 from pefusion.fusion.operators import build_fusion
 from pefusion.fusion.positional import ALiBi, Rotary, build_positional
 
 
 class SelfAttention(nn.Module):
-    """nn.MultiheadAttention's parameters (packed in_proj (3d, d) + bias, out_proj Linear(d, d)), SDPA inside.
-    `vmapped` (set on the template of stacked models, `pefusion.fusion.stacked`): attention from ops vmap batches
-    (`vmapped_attention`), not the CPU kernels it cannot."""
-
-    vmapped = False
+    """nn.MultiheadAttention's parameters (packed in_proj (3d, d) + bias, out_proj Linear(d, d)), SDPA inside."""
 
     def __init__(self, d: int, nhead: int, dropout: float):
         super().__init__()
         self.nhead, self.dropout = nhead, dropout
         self.in_proj_weight = nn.Parameter(torch.empty(3 * d, d))
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * d))
-        self.out_proj = nn.Linear(d, d)
+        self.out_proj = Linear(d, d)
         # nn.MultiheadAttention's init
         nn.init.xavier_uniform_(self.in_proj_weight)
         nn.init.zeros_(self.out_proj.bias)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
-        """x (B, T, d); attn_mask bool (B, 1, 1, T) True = attend, or float logit bias (B, H, T, T)."""
-        B, T, d = x.shape
-        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (B, T, 3d)
-        q, k, v = qkv.view(B, T, 3, self.nhead, d // self.nhead).permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
+        """x (B, T, d); attn_mask bool (B, 1, 1, T) True = attend, or float logit bias (B, H, T, T). Stacked,
+        x (S, B, T, d) and the mask's batch S·B: the seeds' documents are one batch of S·B to SDPA."""
+        T, d = x.shape[-2:]
+        qkv = linear(x, self.in_proj_weight, self.in_proj_bias)  # (B, T, 3d)
+        q, k, v = qkv.reshape(-1, T, 3, self.nhead, d // self.nhead).permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
         if rotary is not None:
             q, k = rotary(q), rotary(k)
         if attn_mask.is_floating_point() and attn_mask.dtype != q.dtype:  # autocast runs q in bf16
             attn_mask = attn_mask.to(q.dtype)
-        y = (vmapped_attention if self.vmapped else attention)(
-            q, k, v, attn_mask, self.dropout if self.training else 0.0)  # (B, H, T, hd)
-        return self.out_proj(y.transpose(1, 2).reshape(B, T, d))
+        y = attention(q, k, v, attn_mask, self.dropout if self.training else 0.0)  # (B, H, T, hd)
+        return self.out_proj(y.transpose(1, 2).reshape(x.shape))
 
 
 class EncoderLayer(nn.Module):
@@ -74,8 +76,8 @@ class EncoderLayer(nn.Module):
                  attn_dropout: float | None = None):
         super().__init__()
         self.self_attn = SelfAttention(d, nhead, dropout if attn_dropout is None else attn_dropout)
-        self.linear1, self.linear2 = nn.Linear(d, dim_ff), nn.Linear(dim_ff, d)
-        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.linear1, self.linear2 = Linear(d, dim_ff), Linear(dim_ff, d)
+        self.norm1, self.norm2 = LayerNorm(d), LayerNorm(d)
         self.dropout, self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
         self.activation = F.gelu if activation == "gelu" else F.relu
         self.norm_first = norm_first
@@ -99,13 +101,11 @@ class PEFusionClassifier(nn.Module):
     """Document classifier of the PE-fusion study. Keeps `config`, `vocab_size` and `num_classes` so that a
     checkpoint (state_dict + these three) rebuilds it with `build_model_from_config`."""
 
-    vmapped = False  # the template of stacked models (pefusion.fusion.stacked) runs under vmap
-
     def __init__(self, config: ModelConfig, vocab_size: int, num_classes: int):
         super().__init__()
         self.config, self.vocab_size, self.num_classes = config, vocab_size, num_classes
         d = config.d_model
-        self.embed = nn.Embedding(vocab_size, d, padding_idx=0)
+        self.embed = Embedding(vocab_size, d, padding_idx=0)
         self.positional = build_positional(config)
         self.fuse = build_fusion(config)
         self.layers = nn.ModuleList(
@@ -113,13 +113,13 @@ class PEFusionClassifier(nn.Module):
                          config.attn_dropout)
             for _ in range(config.num_layers)
         )
-        self.final_norm = nn.LayerNorm(d) if config.final_norm else None
+        self.final_norm = LayerNorm(d) if config.final_norm else None
         self.embed_dropout = Dropout(config.embed_dropout) if config.embed_dropout > 0 else None
-        self.head = nn.Linear(d, num_classes)
+        self.head = Linear(d, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (B, T) token ids, 0 = padding -> logits (B, C)."""
-        T = x.shape[1]
+        """x (B, T) token ids, 0 = padding -> logits (B, C); stacked, (S, B, T) -> (S, B, C)."""
+        T = x.shape[-1]
         if T > self.config.max_len:
             raise ValueError(f"input length {T} exceeds the model's max_len={self.config.max_len}: "
                              f"truncate documents to at most max_len tokens or build the model with a larger max_len")
@@ -133,19 +133,18 @@ class PEFusionClassifier(nn.Module):
             h = self.embed_dropout(h)
         # A document of padding only would give all-masked softmax rows (NaN): let it attend everywhere; its
         # pooled vector is zero anyway.
-        attend = ~pad | pad.all(dim=1, keepdim=True)  # (B, T)
-        attn_mask = attend[:, None, None, :]  # (B, 1, 1, T), broadcast over heads and queries inside SDPA
+        attend = ~pad | pad.all(dim=-1, keepdim=True)  # (B, T)
+        attn_mask = attend.reshape(-1, T)[:, None, None, :]  # (B, 1, 1, T), broadcast over heads and queries
         if isinstance(self.positional, ALiBi):  # a logit bias (1, H, T, T); padded batches need a copy per document
-            bias = self.positional(T)  # (stacked models under vmap take no data-dependent shortcut)
-            unpadded = not self.vmapped and bool(attend.all())
-            attn_mask = bias if unpadded else bias.masked_fill(~attn_mask, float("-inf"))  # (B, H, T, T)
+            bias = self.positional(T)
+            attn_mask = bias if bool(attend.all()) else bias.masked_fill(~attn_mask, float("-inf"))  # (B, H, T, T)
         rotary = self.positional if isinstance(self.positional, Rotary) else None
         for layer in self.layers:
             h = layer(h, attn_mask, rotary)
         if self.final_norm is not None:
             h = self.final_norm(h)
         keep = (~pad).unsqueeze(-1).to(h.dtype)  # (B, T, 1)
-        pooled = (h * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)  # (B, d)
+        pooled = (h * keep).sum(dim=-2) / keep.sum(dim=-2).clamp(min=1.0)  # (B, d)
         return self.head(pooled)
 
 

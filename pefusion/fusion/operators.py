@@ -1,8 +1,9 @@
-"""Fusion operators H = fuse(E, P) of SPEC §1, the object of the PE-fusion study.
+"""Fusion operators H = fuse(E, P) (docs/model.md), the object of the PE-fusion study.
 
 Every operator is an nn.Module with `forward(E, P, pad_mask) -> H`: E (B, T, d) token embeddings, P (1 or B, T, d)
 position features, pad_mask (B, T) bool with True at padding. Parameter shapes follow the paper's code exactly
-(concat = Linear(2d, d), gate_scalar = Linear(2d, 1), mlp = Linear(2d, d) -> ReLU -> Linear(d, d)).
+(concat = Linear(2d, d), gate_scalar = Linear(2d, 1), mlp = Linear(2d, d) -> ReLU -> Linear(d, d)). In a stack
+of S seeds' models (`pefusion.fusion.layers`) every shape gains a leading S (P: S or 1).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from pefusion.fusion.config import ModelConfig
+from pefusion.fusion.layers import Conv1d, Linear
 
 
 def _stack(E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
@@ -75,18 +77,18 @@ class ConvGate(nn.Module):
 
     def __init__(self, d: int, kernel: int):
         super().__init__()
-        self.conv = nn.Conv1d(d, d, kernel, padding=kernel // 2, groups=d)
+        self.conv = Conv1d(d, d, kernel, padding=kernel // 2, groups=d)
 
     def forward(self, E: torch.Tensor, P: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         P = P.expand_as(E)
         if pad_mask is not None:
             P = P.masked_fill(pad_mask.unsqueeze(-1), 0.0)
-        g = torch.sigmoid(self.conv(P.transpose(1, 2))).transpose(1, 2)  # (B, T, d)
+        g = torch.sigmoid(self.conv(P.transpose(-1, -2))).transpose(-1, -2)  # (B, T, d)
         return P + g * (E - P)
 
 
 def _mlp(d: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(2 * d, d), nn.ReLU(), nn.Linear(d, d))
+    return nn.Sequential(Linear(2 * d, d), nn.ReLU(), Linear(d, d))
 
 
 def build_fusion(cfg: ModelConfig) -> nn.Module:
@@ -96,10 +98,10 @@ def build_fusion(cfg: ModelConfig) -> nn.Module:
         "add": Add,
         "mul": Mul,
         "none": NoFusion,
-        "concat": lambda: Project(nn.Linear(2 * d, d)),
+        "concat": lambda: Project(Linear(2 * d, d)),
         "mlp": lambda: Project(_mlp(d)),
-        "gate_scalar": lambda: Gate(nn.Linear(2 * d, 1)),
-        "gate_vector": lambda: Gate(nn.Linear(2 * d, d)),
+        "gate_scalar": lambda: Gate(Linear(2 * d, 1)),
+        "gate_vector": lambda: Gate(Linear(2 * d, d)),
         "mlp_gate": lambda: Gate(_mlp(d)),
         "gate_cnn": lambda: ConvGate(d, cfg.gate_kernel),
     }

@@ -1,4 +1,4 @@
-"""Positional schemes of the PE-fusion classifier, one section per `pe_type` (SPEC §1).
+"""Positional schemes of the PE-fusion classifier, one section per `pe_type` (docs/model.md).
 
 Two kinds:
 - input PEs (`sinusoidal`, `learned`, `rope`, `relative`, `none`) return P of shape (1, T, d), which a fusion
@@ -7,7 +7,9 @@ Two kinds:
   `ALiBi` biases the attention logits. Nothing is fused at the input for them (fusion must be 'none').
 
 Fixed tables are built once for `max_len` positions as non-persistent buffers: they follow `.to(device)` but stay
-out of checkpoints (they are rebuilt from the model config).
+out of checkpoints (they are rebuilt from the model config). In a stack of S seeds' models
+(`pefusion.fusion.stacked`) the learned tables are (S, max_len, d) and give P of shape (S, 1, T, d); the fixed
+ones stay one table that every seed shares.
 """
 from __future__ import annotations
 
@@ -66,7 +68,8 @@ class Learned(nn.Module):
         self.embed = nn.Embedding(max_len, d)
 
     def forward(self, T: int) -> torch.Tensor:
-        return self.embed.weight[:T].unsqueeze(0)  # (1, T, d), the same as embed(arange(T)) without the gather
+        # (1, T, d), the same as embed(arange(T)) without the gather; stacked (S, 1, T, d)
+        return self.embed.weight[..., :T, :].unsqueeze(-3)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -105,7 +108,7 @@ class PaperRelative(nn.Module):
         self.table = nn.Parameter(torch.randn(max_len, d))
 
     def forward(self, T: int) -> torch.Tensor:
-        return self.table[:T].unsqueeze(0)  # (1, T, d)
+        return self.table[..., :T, :].unsqueeze(-3)  # (1, T, d); stacked (S, 1, T, d)
 
 
 # ---------------------------------------------------------------------------------------------------------

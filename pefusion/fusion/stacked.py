@@ -1,22 +1,28 @@
-"""The seeds of one grid cell trained together in one process, as one batched model (HFTA, arXiv 2102.02344).
+"""The seeds of one grid cell trained together in one process, as one model of stacked layers (HFTA, arXiv
+2102.02344).
 
 A small model leaves a GPU waiting on kernel launches, and fractional GPUs only time-slice the card; S models of
 one architecture trained as one model make every kernel S times wider. `StackedTrainer` wraps one ordinary
 `Trainer` per seed, each with its own model, initialisation, data order, early stopping, best state, validation,
-test record and latency, and replaces only the optimiser step: the seeds' parameters are stacked
-(`torch.func.stack_module_state`), the one model definition runs over them with `torch.func.vmap` of
-`functional_call`, each seed's loss is the mean over its own batch, gradients are clipped per seed, and one
-optimiser updates the stacked parameters (Adam is elementwise: each seed's slice moves as its own optimiser would
-move it). A seed that stops (early stopping, its epoch budget, or a diverged loss) leaves the stack with its
-optimiser state, so no later step touches it; the trial ends when every seed has stopped.
+test record and latency, and replaces only the optimiser step: `stack_models` turns the seeds' models into one
+model of the same classes whose every parameter has a leading seed dimension (S, ...), row s being seed s's
+tensor (`pefusion.fusion.layers`: one batched matmul per Linear, one grouped convolution, one embedding lookup,
+attention over the seeds' documents as one batch of S·B, which SDPA receives as ordinary tensors). The one model
+definition is the plain model's: a stack is not a second model class that could drift from it, and a plain
+model's state_dict, its checkpoints and its random draws stay as they were; each seed's slice is copied back
+into its own model, so its checkpoints stay plain state_dicts.
 
-What vmap cannot batch is kept out of its way: the CPU kernels of `pefusion.fusion.attention` (numpy-drawn dropout
-masks, the chunked attention-dropout kernel) are autograd Functions whose vmap rules run them once on every seed's
-tensors folded into one batch, and the template's modules (`vmapped`) take no branch on a tensor's values
-(`vmapped_attention`; ALiBi's unpadded batch). Seeds' batches differ in length and, at the end of an epoch,
-in size: a step's batch is padded to the widest of them (then to the pad multiple) and to the largest, with
-padding-only documents that count in no loss. With dropout 0 every seed's per-step loss is its separate trial's
-up to float rounding (`tests/test_stacked.py`); with dropout, each seed draws its own masks, from one stream.
+A step's work is the same number of kernels for any S: one host-to-device copy of the seeds' batches (tokens and
+labels packed into one (S, B, T + 1) array), each seed's loss the mean over its own batch, gradients clipped per
+seed from one (S,) vector of per-seed norms, and one optimiser step over the stacked parameters (Adam is
+elementwise: each seed's slice moves as its own optimiser would move it; fused on a GPU). A seed that stops
+(early stopping, its epoch budget, or a diverged loss) leaves the stack with its optimiser state, so no later step
+touches it; the trial ends when every seed has stopped.
+
+Seeds' batches differ in length and, at the end of an epoch, in size: a step's batch is padded to the widest of
+them (then to the pad multiple) and to the largest, with padding-only documents that count in no loss. With
+dropout 0 every seed's per-step loss is its separate trial's up to float rounding (`tests/test_stacked.py`); with
+dropout, each seed draws its own masks, from one stream.
 """
 from __future__ import annotations
 
@@ -28,14 +34,28 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, stack_module_state, vmap
+from torch import nn
 
 from pefusion import record as R
-from pefusion.data.batching import Batch, batch_width, to_device
+from pefusion.data.batching import batch_order, batch_width, pad_batch, to_device
 from pefusion.data.encoded import EncodedCorpus
 from pefusion.fusion.config import ModelConfig, TrainConfig
-from pefusion.fusion.model import PEFusionClassifier, SelfAttention
+from pefusion.fusion.model import PEFusionClassifier
 from pefusion.fusion.training import Diverged, Trainer, epoch_start
+
+NO_LABEL = -100  # a padding-only document's label: F.cross_entropy's ignore_index, a loss of 0
+
+
+def stack_models(models: Sequence[PEFusionClassifier]) -> PEFusionClassifier:
+    """One model of the same classes whose parameters are the models' stacked, (S, ...) each, row s from
+    models[s] (copies); the fixed tables (buffers) are the first model's, shared. Takes tokens (S, B, T) and gives
+    logits (S, B, C)."""
+    stacked = copy.deepcopy(models[0])
+    for name, _ in models[0].named_parameters():
+        owner, _, attr = name.rpartition(".")
+        setattr(stacked.get_submodule(owner), attr,
+                nn.Parameter(torch.stack([m.get_parameter(name).detach() for m in models])))
+    return stacked
 
 
 class StackedTrainer:
@@ -51,24 +71,19 @@ class StackedTrainer:
         self.lead = self.trainers[seeds[0]]  # what every seed shares: device, precision, schedule, batch widths
         self.device = self.lead.device
         self.diverged: dict[int, str] = {}  # seed -> why its loss became non-finite
-        # The one model definition, with no weights of its own, that vmap runs each seed's weights through.
-        self.template = copy.deepcopy(self.lead.model).to("meta")
-        for module in self.template.modules():
-            if isinstance(module, (PEFusionClassifier, SelfAttention)):
-                module.vmapped = True
         self.active: list[int] = []
         self._stack(list(seeds))
 
     # --- the stack ---------------------------------------------------------------------------------------------
     def _stack(self, seeds: list[int], optimizer_state: dict[str, Any] | None = None) -> None:
-        """Stack the weights of `seeds` (from their models) and build the optimiser over them, with its state if
-        given (already cut to these seeds)."""
+        """Stack the models of `seeds` and build the optimiser over them, with its state if given (already cut to
+        these seeds)."""
         self.active = seeds
         if not seeds:  # every seed has stopped
-            self.params, self.buffers, self.optimizer = {}, {}, None
+            self.model, self.optimizer = None, None
             return
-        self.params, self.buffers = stack_module_state([self.trainers[s].model for s in seeds])  # (S, ...) each
-        self.optimizer = self.lead.make_optimizer(self.params.values())
+        self.model = stack_models([self.trainers[s].model for s in seeds])
+        self.optimizer = self.lead.make_optimizer(self.model.parameters())
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
 
@@ -86,26 +101,24 @@ class StackedTrainer:
     @torch.no_grad()
     def sync_models(self) -> None:
         """Copy each active seed's slice of the stack into its own model (for evaluation and checkpoints)."""
+        stacked = dict(self.model.named_parameters()) if self.active else {}
         for row, seed in enumerate(self.active):
             for name, tensor in self.trainers[seed].model.named_parameters():
-                tensor.copy_(self.params[name][row])
+                tensor.copy_(stacked[name][row])
 
     # --- training ----------------------------------------------------------------------------------------------
-    def _forward(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
-                 tokens: torch.Tensor) -> torch.Tensor:
-        """One seed's logits (B, C) from its weights and its tokens (B, T): the model's own forward."""
-        return functional_call(self.template, (params, buffers), (tokens,))
-
-    def step(self, batches: Sequence[Batch]) -> torch.Tensor:
-        """One optimiser step of every active seed on its own batch (in `self.active`'s order); returns the
-        seeds' mean batch losses (S,), detached, on the device."""
-        tokens, labels, weights = self._stacked_batch(batches)  # (S, B, T), (S, B), (S, B)
-        self.template.train()
+    def step(self, batch: torch.Tensor) -> torch.Tensor:
+        """One optimiser step of every active seed on its own batch: `batch` (S, B, T + 1) on the device, row s
+        seed s's (in `self.active`'s order) token ids with its labels in the last column (`NO_LABEL` for a
+        padding-only document). Returns the seeds' mean batch losses (S,), detached, on the device."""
+        tokens, labels = batch[..., :-1], batch[..., -1]  # (S, B, T), (S, B)
+        self.model.train()
         with self.lead.autocast():
-            logits = vmap(self._forward, randomness="different")(self.params, self.buffers, tokens)  # (S, B, C)
-        per_doc = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(),
-                                  label_smoothing=self.lead.train_cfg.label_smoothing, reduction="none")
-        losses = (per_doc.view_as(weights) * weights).sum(1) / weights.sum(1)  # (S,) each seed's mean
+            logits = self.model(tokens)  # (S, B, C)
+        # (S, C, B) logits against (S, B) labels: no reshape, whose backward would copy for S > 1 only
+        per_doc = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=NO_LABEL,
+                                  label_smoothing=self.lead.train_cfg.label_smoothing, reduction="none")  # (S, B)
+        losses = per_doc.sum(1) / (labels != NO_LABEL).sum(1)  # (S,) each seed's mean
         self.optimizer.zero_grad(set_to_none=True)
         losses.sum().backward()  # a seed's weights reach its own loss only: its gradient is its trial's
         if self.lead.train_cfg.grad_clip > 0:
@@ -113,43 +126,46 @@ class StackedTrainer:
         self.optimizer.step()
         return losses.detach()
 
+    @torch.no_grad()
     def _clip(self, max_norm: float) -> None:
         """torch.nn.utils.clip_grad_norm_ per seed, computed as it computes it (the norm of each gradient tensor,
-        then of those norms), so that each seed's gradient is scaled as its separate trial's is."""
-        grads = [p.grad for p in self.params.values() if p.grad is not None]
-        for row in range(len(self.active)):
-            seed_grads = [g[row] for g in grads]
-            total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in seed_grads]))
-            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-            for g in seed_grads:
-                g.mul_(coef)
+        then of those norms), so that each seed's gradient is scaled as its separate trial's is: one norm per
+        stacked tensor gives every seed's at once."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norms = torch.stack([torch.linalg.vector_norm(g, dim=tuple(range(1, g.dim()))) for g in grads])  # (P, S)
+        coef = torch.clamp(max_norm / (torch.linalg.vector_norm(norms, dim=0) + 1e-6), max=1.0)  # (S,)
+        for g in grads:
+            g.mul_(coef.view(-1, *(1,) * (g.dim() - 1)))
 
-    def _stacked_batch(self, batches: Sequence[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The seeds' batches as one (S, B, T) batch: widths padded to the widest (then to the pad multiple),
-        sizes to the largest with padding-only documents of weight 0."""
-        placement, max_len = self.lead.placement, self.lead.model_cfg.max_len
-        width = batch_width(max(b.tokens.shape[1] for b in batches), placement.pad_multiple, max_len)
-        size = max(len(b.labels) for b in batches)
-        tokens = torch.zeros(len(batches), size, width, dtype=torch.int64, device=self.device)
-        labels = torch.zeros(len(batches), size, dtype=torch.int64, device=self.device)
-        weights = torch.zeros(len(batches), size, device=self.device)
-        for row, b in enumerate(batches):
-            n, t = b.tokens.shape
-            tokens[row, :n, :t] = b.tokens
-            labels[row, :n] = b.labels
-            weights[row, :n] = 1.0
-        return tokens, labels, weights
+    def _host_batch(self, indices: Sequence[np.ndarray]) -> torch.Tensor:
+        """The seeds' batches (documents `indices[s]` of the training split) as one host (S, B, T + 1) int64
+        tensor (see `step`): widths padded to the widest (then to the pad multiple), sizes to the largest with
+        padding-only documents."""
+        split, placement = self.lead.corpus.train, self.lead.placement
+        lengths = split.lengths
+        width = batch_width(max(int(lengths[i].max()) for i in indices), placement.pad_multiple,
+                            self.lead.model_cfg.max_len)
+        packed = np.zeros((len(indices), max(len(i) for i in indices), width + 1), dtype=np.int64)
+        packed[..., -1] = NO_LABEL
+        for row, index in enumerate(indices):
+            tokens = pad_batch(split, index)  # (n, t)
+            packed[row, :len(index), :tokens.shape[1]] = tokens
+            packed[row, :len(index), -1] = split.labels[index]
+        return torch.from_numpy(packed)
 
     def train_steps(self) -> Iterator[tuple[torch.Tensor, np.ndarray]]:
         """The optimiser steps of the active seeds' current epoch, each yielding (their mean batch losses (S,) on
-        the device, their batch sizes (S,)). Every seed has as many batches (the same split and batch size)."""
+        the device, their batch sizes (S,)). Every seed has as many batches (the same split and batch size), in its
+        own trial's order."""
         trainers = [self.trainers[s] for s in self.active]
         for t in trainers:
             t.model.train()
-        for i, batches in enumerate(zip(*(t.batches(t.corpus.train, shuffle=True) for t in trainers))):
+        orders = [batch_order(t.corpus.train.lengths, t.train_cfg.batch_size, shuffle=True, seed=t.train_cfg.seed,
+                              epoch=t.epoch) for t in trainers]
+        for i, indices in enumerate(zip(*orders)):
             if self.lead.scheduled:
                 self.lead.set_lr(self.optimizer, i)
-            yield self.step(batches), np.array([len(b.labels) for b in batches])
+            yield self.step(to_device(self._host_batch(indices), self.device)), np.array([len(x) for x in indices])
 
     def train_epoch(self) -> dict[int, dict[str, Any]]:
         """One epoch of every active seed, then each seed's own validation and early stopping; a seed whose loss
@@ -181,7 +197,7 @@ class StackedTrainer:
 
     # --- records and checkpoints -------------------------------------------------------------------------------
     def final_records(self, length_edges: tuple[int, ...]) -> dict[int, dict[str, Any]]:
-        """Each seed's SPEC §3 record from its own Trainer (its best state restored, tested and timed alone, as a
+        """Each seed's record from its own Trainer (its best state restored, tested and timed alone, as a
         separate trial would be), or its diverged record."""
         return {seed: (t.failure_record(R.STATUS_DIVERGED, self.diverged[seed]) if seed in self.diverged
                        else t.final_record(length_edges)) for seed, t in self.trainers.items()}

@@ -12,13 +12,13 @@ A sweep ends the same way whatever the study: `<out>/<name>_<results_file>.csv` 
 ones with their error, never dropped), the tables the caller derives from those rows as `<name>_<key>.csv`, all
 logged to the sweep's MLflow parent run, which is then finished with the counts of trials and failures.
 
-What goes wrong is decided here too (docs/operations.md). Ctrl-C or SIGTERM: Tune saves the experiment, the trials keep their
-last epoch checkpoint, the results CSV lists every trial with its own configuration and `interrupted`/`pending`
-for those that did not finish, their MLflow runs and the parent are KILLED (never FINISHED), and `run_sweep`
-raises `SweepInterrupted` with the line to print (the exact `--resume` command); the command exits 130. A trial
-whose process or node is lost is restarted from its last checkpoint up to `--max-failures` times; an exception of
-its own code is recorded once as 'error' (`catching_errors`). A request no node can hold is refused before any
-trial starts (`pefusion.sweep.settle.check_resources`). MLflow writes wait out an unreachable tracking server
+What goes wrong is decided here too (docs/operations.md). Ctrl-C or SIGTERM: Tune saves the experiment, the trials
+keep their last epoch checkpoint, the results CSV lists every trial with its own configuration and
+`interrupted`/`pending` for those that did not finish, their MLflow runs and the parent are KILLED (never
+FINISHED), and `run_sweep` raises `SweepInterrupted` with the line to print (the exact `--resume` command); the
+command exits 130. A trial whose process or node is lost is restarted from its last checkpoint up to
+`--max-failures` times; an exception of its own code is recorded once as 'error' (`catching_errors`). A request no
+node can hold is refused before any trial starts (`pefusion.sweep.gpus.check_resources`). MLflow writes wait out an unreachable tracking server
 (`SweepRecorder.later`).
 """
 from __future__ import annotations

@@ -123,22 +123,6 @@ def auto_packing(probe: GpuProbe | None, points: Sequence[dict[str, Any]], *, sw
     return pack_trials(peak, usable, trial=trial, card=name + held)
 
 
-def trials_get_a_gpu(probe: GpuProbe | None, gpus_per_trial: float | str | None, *, remote: bool,
-                     declared_gpus: float | None) -> bool:
-    """Whether the trials will train on a GPU: a number > 0 on a cluster (`remote`) or on a machine that shows a
-    CUDA device (a local cluster's logical GPUs schedule trials that train on the CPU), or auto (typed or left
-    out) for a study whose trials use one, on such a machine and a local cluster that does not declare 0 GPUs."""
-    if gpus_per_trial not in (AUTO, None) and float(gpus_per_trial) == 0:
-        return False
-    if gpus_per_trial in (AUTO, None) and (probe is None or (declared_gpus == 0 and not remote)):
-        return False
-    if remote and gpus_per_trial not in (AUTO, None):
-        return True
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _in_fresh_process(probe: GpuProbe, points: Sequence[dict[str, Any]]) -> tuple[int, str, int, int, str]:
     """`_measure` in a spawned process: its CUDA context and the memory its allocator caches end with it."""
     import multiprocessing

@@ -38,7 +38,7 @@ class SweepOptions:
     progress: bool = True  # a line as each trial ends and every 30 s (-q: none)
     max_failures: int = 2  # restarts of a trial whose process or node was lost, from its last checkpoint
     autoscaling: bool = False  # the cluster adds nodes: a request no node holds now may wait
-    # Train the study's stackable key's values together in one trial (--stack-seeds); None: where trials get a GPU.
+    # Train the study's stackable key's values together in one trial (--stack-seeds); None: separate trials.
     stack: bool | None = None
     command: str = ""  # the command as typed (recorded on the parent run)
     # The same command from any folder: the script and every path absolute, and the storage, tracking store and

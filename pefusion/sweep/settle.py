@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from pefusion.errors import ConfigError
-from pefusion.sweep.gpus import check_resources, local_node, resolve_gpus, trials_get_a_gpu
+from pefusion.sweep.gpus import check_resources, local_node, resolve_gpus
 from pefusion.sweep.options import DEFAULT_STORAGE, SweepOptions
-from pefusion.sweep.space import Grid, Stack
+from pefusion.sweep.space import Stack
 from pefusion.sweep.study import StudySweep
 from pefusion.tracking.store import check_tracking, resolve_tracking_uri
 
@@ -83,18 +83,13 @@ def validate(study: StudySweep) -> int:
 
 def resolve_stacking(study: StudySweep, opts: SweepOptions) -> StudySweep:
     """`study` with its stackable key's grid trained together in one trial (a `stack`), or not: as `--stack-seeds`
-    says, or the search-space file (a `stack`), and else where the trials get a GPU (a grid of two or more
-    values). Why that default: one small trial leaves a GPU waiting on kernel launches, and S models in one make
-    each kernel S times wider; a CPU is busy with one trial already, and a separate trial's dropout draws are
-    those of the CPU numbers published in the README."""
+    says, or the search-space file (a `stack`), and else separate trials, on every device: the separate trial is
+    the path every card has run."""
     key = study.stackable
     if key is None or key not in study.space:
         return study
-    dim = study.space[key]
-    stacked = isinstance(dim, Stack)
-    stack = opts.stack if opts.stack is not None else stacked or (
-        isinstance(dim, Grid) and len(dim.values) > 1 and trials_get_a_gpu(
-            study.gpu_probe, opts.gpus_per_trial, remote=bool(opts.address), declared_gpus=opts.num_gpus))
+    stacked = isinstance(study.space[key], Stack)
+    stack = opts.stack if opts.stack is not None else stacked
     if stack == stacked:
         return study
     return dataclasses.replace(study, space=study.space.stacked(key) if stack else study.space.unstacked(key))
