@@ -18,8 +18,8 @@ keep their last epoch checkpoint, the results CSV lists every trial with its own
 FINISHED), and `run_sweep` raises `SweepInterrupted` with the line to print (the exact `--resume` command); the
 command exits 130. A trial whose process or node is lost is restarted from its last checkpoint up to
 `--max-failures` times; an exception of its own code is recorded once as 'error' (`catching_errors`). A request no
-node can hold is refused before any trial starts (`pefusion.sweep.gpus.check_resources`). MLflow writes wait out an unreachable tracking server
-(`SweepRecorder.later`).
+node can hold is refused before any trial starts (`pefusion.sweep.gpus.check_resources`). MLflow writes wait out an
+unreachable tracking server (`SweepRecorder.later`).
 """
 from __future__ import annotations
 
