@@ -29,7 +29,7 @@ TRAIN_LOSS = "train_loss"
 VAL_LOSS = "val_loss"
 VAL_ACC = "val_acc"
 
-# --- final metrics of a PE-fusion trial (SPEC §3) -----------------------------------------------------------
+# --- final metrics of a PE-fusion trial (docs/operations.md) -------------------------------------------------------
 PARAMS = "params"
 BEST_VAL_ACC = "best_val_acc"
 BEST_EPOCH = "best_epoch"
@@ -141,7 +141,7 @@ ARTIFACT_CHECKPOINT_DIR = "checkpoint"  # model.pt (state_dict) + model_config.j
 ARTIFACT_LENGTH_BUCKETS = "length_buckets.json"
 ARTIFACT_RESULTS_DIR = "results"  # on parent runs: CSVs, figures, report
 
-# --- student study (SPEC §4–5) ----------------------------------------------------------------------------
+# --- student study (docs/student.md) -------------------------------------------------------------------------------
 ALPHA = "alpha"
 OMEGA = "omega"
 SIGMA = "sigma"

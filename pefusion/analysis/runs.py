@@ -310,7 +310,8 @@ def require_metrics(ok: pd.DataFrame, names: Sequence[str]) -> None:
         missing = ok[RUN_ID] if name not in ok else ok.loc[ok[name].isna(), RUN_ID]
         if len(missing):
             raise AnalysisError(f"metric {name!r} is missing from {len(missing)} of {len(ok)} ok trial runs "
-                                f"(e.g. run {missing.iloc[0][:8]}); trials must record the metrics of SPEC §3")
+                                f"(e.g. run {missing.iloc[0][:8]}); trials must record the metrics of a PE-fusion "
+                                "trial (docs/operations.md)")
 
 
 def latest_ok(runs: pd.DataFrame, keys: Sequence[str]) -> tuple[pd.DataFrame, int]:

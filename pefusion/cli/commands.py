@@ -4,7 +4,7 @@ commands of pyproject's [project.scripts] (`pefusion-grid`, `pefusion-search`, `
 
 A main parses its flags and checks what needs no study before it imports the study's command line (`cli/fusion.py`,
 `cli/student.py`), and those check their inputs before they import torch, Ray or MLflow: `--help` and a
-mistyped flag answer at once (README, Flags every sweep shares).
+mistyped flag answer at once (docs/cli.md, Flags every sweep shares).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pefusion.sweep.options import SweepOptions
 GRID = """The PE × fusion × seed grid of the PE-fusion study (Hallam & Tseng), on Ray Tune, tracked in MLflow.
 Installed as `pefusion-grid`, the same command as `python sweeps/arxiv_grid.py`.
 
-    python sweeps/arxiv_grid.py --preset demo          # the bundled synthetic corpus, about 2 minutes on 2 cores
+    python sweeps/arxiv_grid.py --preset demo          # the bundled synthetic corpus: a few minutes on 2 cores
     python sweeps/arxiv_grid.py                         # the paper's ArXiv-11 grid (Hugging Face hub)
     python sweeps/arxiv_grid.py --data-dir data/        # the paper's data/{train,validation,test}_clean.jsonl
 
@@ -98,8 +98,8 @@ def _student_main(sweep: str, description: str, argv: Sequence[str] | None) -> i
 
 def lambda_cv_main(argv: Sequence[str] | None = None) -> int:
     return _student_main("lambda_cv", "K-fold cross-validation of the weight decay lambda at each (alpha, omega, "
-                                      "sigma, init, seed) point, refit at lambda*, test on fresh samples (SPEC "
-                                      "section 5). Installed as pefusion-lambda-cv, the same command as "
+                                      "sigma, init, seed) point, refit at lambda*, test on fresh samples "
+                                      "(docs/student.md). Installed as pefusion-lambda-cv, the same command as "
                                       "`python sweeps/lambda_cv.py`.", argv)
 
 

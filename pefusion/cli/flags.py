@@ -85,7 +85,7 @@ def add_data_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--synthetic", action="store_true", help="use the bundled synthetic corpus")
     g.add_argument("--synthetic-task", metavar="NAME",
                    help="which synthetic task (implies --synthetic; default: the preset's, else order): "
-                        "order, spread or relative (README, Data)")
+                        "order, spread or relative (docs/model.md, Data)")
     g.add_argument("--text-column", help="text column name (default: text)")
     g.add_argument("--label-column", help="label column name (default: label)")
     g.add_argument("--max-len", type=int, help="tokens kept per document (truncation); also the model's max_len")
