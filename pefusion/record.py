@@ -140,6 +140,9 @@ N_STOPPED = "n_stopped"  # trials stopped early by the scheduler
 ARTIFACT_CHECKPOINT_DIR = "checkpoint"  # model.pt (state_dict) + model_config.json
 ARTIFACT_LENGTH_BUCKETS = "length_buckets.json"
 ARTIFACT_RESULTS_DIR = "results"  # on parent runs: CSVs, figures, report
+# On parent runs: what encodes new text as the trials' corpus was encoded (its cache entry's meta.json, vocab.txt and a
+# subword tokeniser's tokenizer.json), one folder per tokeniser setting: tokenizer/<tokenizer>/<max_vocab>/<min_freq>
+ARTIFACT_TOKENIZER_DIR = "tokenizer"
 
 # --- student study (docs/student.md) -------------------------------------------------------------------------------
 ALPHA = "alpha"

@@ -7,10 +7,14 @@ import importlib.util
 import os
 import secrets
 import shutil
+import signal
 import socket
+import subprocess
 import json
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -81,6 +85,49 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+
+
+def start_mlflow_server(port: int, root: Path, store: str | None = None) -> subprocess.Popen:
+    """`mlflow server` on 127.0.0.1:port over `store` (default: sqlite root/srv.db) and root/artifacts, in a process
+    group of its own (it starts workers); returns once /health answers."""
+    log = open(root / "server.log", "ab")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", store or f"sqlite:///{root / 'srv.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
+        stdout=log, stderr=log, start_new_session=True,
+        # its job runner (GenAI scorers: 8 more processes, nothing of tracking) would double its start on 2 CPUs
+        env=subprocess_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return server
+        except OSError:
+            assert server.poll() is None, (root / "server.log").read_text()[-3000:]
+            assert time.time() < deadline, "mlflow server did not start"
+            time.sleep(0.3)
+
+
+def stop_process_group(proc: subprocess.Popen, port: int) -> None:
+    """SIGTERM to the process group a test started (`start_new_session=True`: a server and its workers); returns
+    once every process of it is gone and the port is free."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    proc.wait(timeout=60)
+    deadline = time.time() + 60
+    while True:
+        try:
+            os.killpg(proc.pid, 0)  # a worker left behind
+        except ProcessLookupError:
+            break
+        if time.time() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+        time.sleep(0.2)
+    with socket.socket() as s:  # nothing answers any more (a refused connection, as for a server that is down)
+        assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
 # --- helpers only tests use ------------------------------------------------------------------------------

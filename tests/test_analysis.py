@@ -405,7 +405,24 @@ def test_table1_and_paired_delta_scripts(store, tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
-def test_report_pefusion_sweep_logged_to_parent(store, tmp_path):
+def _best_seed(pe: str, fu: str) -> int:
+    """The seed of the cell's best run as the store's numbers make it (best_val_acc = test accuracy + 0.01)."""
+    return max((s for s in SEEDS if (pe, fu, s) not in (MISSING, FAILED)), key=lambda s: accuracy(pe, fu, s))
+
+
+def test_best_run_per_cell_is_chosen_on_validation_never_on_test():
+    """Per cell the ok run with the highest best_val_acc, even where another seed tested higher; a tie goes to the
+    lower seed; a failed run never counts, and a cell with no ok run has no best run."""
+    rows = [("a", 0, R.STATUS_OK, 0.70, 0.90), ("a", 1, R.STATUS_OK, 0.80, 0.60), ("a", 2, R.STATUS_DIVERGED, 0.95, 0.1),
+            ("b", 1, R.STATUS_OK, 0.50, 0.40), ("b", 0, R.STATUS_OK, 0.50, 0.45), ("c", 0, R.STATUS_ERROR, 0.9, 0.9)]
+    frame = pd.DataFrame([{RU.RUN_ID: f"{fu}{seed}", RU.START_TIME: i, R.STATUS: status, R.DATASET: "d",
+                           R.PE_TYPE: "learned", R.FUSION: fu, R.SEED: seed, R.BEST_VAL_ACC: val, R.TEST_ACC: test}
+                          for i, (fu, seed, status, val, test) in enumerate(rows)])
+    best = FT.best_runs(frame)
+    assert list(zip(best[R.FUSION], best[R.SEED], best[RU.RUN_ID])) == [("a", 1, "a1"), ("b", 0, "b0")]
+
+
+def test_report_pefusion_sweep_logged_to_parent(store, trials, tmp_path):
     from mlflow.tracking import MlflowClient
 
     argv = ["--tracking-uri", store["uri"], "--out", str(tmp_path)]  # defaults to the latest sweep
@@ -416,6 +433,10 @@ def test_report_pefusion_sweep_logged_to_parent(store, tmp_path):
     assert "non-finite training loss at epoch 2" in text and "diverged" in text
     assert text.count("data:image/png;base64,") == 2 + 2 + 1  # deltas per PE, accuracy, latency, length
     assert "59.22 ± 1.07" in text
+    run_of = {(r.pe_type, r.fusion, r.seed): r.run_id for r in trials.itertuples()}
+    for pe in PES:
+        for fu in FUSIONS:  # each cell's best run with the command that makes its model
+            assert f"pefusion-export --run {run_of[(pe, fu, _best_seed(pe, fu))]} --tracking-uri {store['uri']}" in text
     for stem in ("accuracy_per_fusion", "latency_per_fusion", "accuracy_per_length"):
         _assert_png(tmp_path / "figures" / f"{stem}_ccdv-arxiv-classification.png")
     client = MlflowClient(tracking_uri=store["uri"])

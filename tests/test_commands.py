@@ -73,6 +73,7 @@ def test_the_sweep_scripts_and_the_installed_commands_run_the_same_main(sweep, m
 
 # (script, flags, exit code): --help, and input errors caught before the study's wiring loads anything heavy
 CASES = [*((f"sweeps/{sweep}.py", ["--help"], 0) for sweep in SPACES), ("scripts/report.py", ["--help"], 0),
+         ("scripts/export_model.py", ["--help"], 0), ("scripts/export_model.py", ["--register", "x"], 2),
          ("sweeps/arxiv_grid.py", ["--gpus-per-trial", "x"], 2),
          ("sweeps/arxiv_grid.py", ["--pe-types", "nope"], 2),
          ("sweeps/arxiv_grid.py", ["--cpus-per-trial", "0"], 2),

@@ -151,7 +151,7 @@ def test_mlflow_records_the_trial_contract_and_a_loadable_checkpoint(local_ray, 
     params, and a checkpoint that loads with weights_only=True and reproduces the recorded test accuracy."""
     import mlflow
 
-    from pefusion.fusion.trainable import load_checkpoint
+    from pefusion.fusion.model import load_checkpoint
     from pefusion.data.batching import iter_batches
 
     result = _sweep(smoke_corpus, smoke_preset, _grid(pe_type=["learned"], fusion=["gate_cnn"], seed=[3]),
@@ -770,7 +770,7 @@ def test_a_stacked_grid_is_one_run_per_seed_in_every_record(local_ray, in_tmp, s
     import mlflow
 
     from pefusion.fusion.study import aggregate_rows
-    from pefusion.fusion.trainable import load_checkpoint
+    from pefusion.fusion.model import load_checkpoint
 
     result = _sweep(smoke_corpus, smoke_preset, _grid(fusion=["add", "concat"], seed=[0, 1]),
                     _options(in_tmp, stack=True))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import REPO, free_port, subprocess_env
+from conftest import REPO, free_port, start_mlflow_server, stop_process_group, subprocess_env
 from pefusion import record as R
 from pefusion.analysis.formats import csv_ready
 from pefusion.tracking import writer
@@ -145,51 +144,6 @@ def test_a_write_cut_anywhere_in_a_trial_is_made_once_when_retried(tmp_path, mon
     assert not problems, "\n".join(map(str, problems))
 
 
-# --- the server -------------------------------------------------------------------------------------------
-
-
-def _start_server(port: int, root: Path) -> subprocess.Popen:
-    """`mlflow server` on 127.0.0.1:port over root/srv.db and root/artifacts, in a process group of its own (it
-    starts workers); returns once /health answers."""
-    log = open(root / "server.log", "ab")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root / 'srv.db'}", "--artifacts-destination", str(root / "artifacts"),
-         "--workers", "1"],
-        stdout=log, stderr=log, start_new_session=True,
-        # its job runner (GenAI scorers: 8 more processes, nothing of tracking) would double its start on 2 CPUs
-        env=subprocess_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
-    deadline = time.time() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return server
-        except OSError:
-            assert server.poll() is None, (root / "server.log").read_text()[-3000:]
-            assert time.time() < deadline, "mlflow server did not start"
-            time.sleep(0.3)
-
-
-def _stop_server(server: subprocess.Popen, port: int) -> None:
-    """SIGTERM to the server's whole process group; returns once every process of it is gone and the port is free."""
-    try:
-        os.killpg(server.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    server.wait(timeout=60)
-    deadline = time.time() + 60
-    while True:
-        try:
-            os.killpg(server.pid, 0)  # a worker left behind
-        except ProcessLookupError:
-            break
-        if time.time() > deadline:
-            os.killpg(server.pid, signal.SIGKILL)
-        time.sleep(0.2)
-    with socket.socket() as s:  # nothing answers any more (a refused connection, as for a server that is down)
-        assert s.connect_ex(("127.0.0.1", port)) != 0
-
-
 # --- what the sweep has done, read from Ray's files and from MLflow ---------------------------------------------
 
 
@@ -272,7 +226,7 @@ def test_a_tracking_server_away_mid_sweep_costs_no_metric(tmp_path, cache_dir, o
            "--cache-dir", str(cache_dir), "--name", "outage"]
     exp_dir = tmp_path / "ray_results" / "outage"
     out_path, err_path = tmp_path / "driver.out", tmp_path / "driver.err"
-    server = _start_server(port, srv_root)
+    server = start_mlflow_server(port, srv_root)
     try:  # the server, whichever is up, is stopped however the test ends
         client = MlflowClient(uri)
         t = {"start": time.time()}
@@ -284,7 +238,7 @@ def test_a_tracking_server_away_mid_sweep_costs_no_metric(tmp_path, cache_dir, o
             # the first trial's child run is FINISHED on the server: stop the server, its whole process group
             t["first_recorded"] = _wait("the first trial's run", lambda: _finished_children(client) >= 1, 600, driver)
             before = _ray_progress(exp_dir)
-            _stop_server(server, port)
+            stop_process_group(server, port)
             t["stopped"] = time.time()
             _say(f"server stopped {t['stopped'] - t['start']:.0f} s into the sweep (in "
                  f"{t['stopped'] - t['first_recorded']:.1f} s); Ray had {before[0]} epochs, "
@@ -293,7 +247,7 @@ def test_a_tracking_server_away_mid_sweep_costs_no_metric(tmp_path, cache_dir, o
                 time.sleep(1)
             during = _ray_progress(exp_dir)
             driver_alive_at_restart = driver.poll() is None
-            server = _start_server(port, srv_root)
+            server = start_mlflow_server(port, srv_root)
             t["restarted"] = time.time()
             _say(f"server answers again {t['restarted'] - t['stopped']:.0f} s after it stopped; Ray has "
                  f"{during[0]} epochs, {during[1]} trials finished; driver "
@@ -397,4 +351,4 @@ def test_a_tracking_server_away_mid_sweep_costs_no_metric(tmp_path, cache_dir, o
         if t["exited"] - t["back_line"] > 5:
             assert after, [(m.step, m.timestamp) for m in cpu]
     finally:
-        _stop_server(server, port)
+        stop_process_group(server, port)

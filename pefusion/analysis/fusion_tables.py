@@ -18,7 +18,7 @@ import pandas as pd
 
 from pefusion import record as R
 from pefusion.analysis.formats import PCT, PP, display, format_mean_std, length_labels
-from pefusion.analysis.runs import (PEFUSION_IDENTITY, AnalysisError, column, failed, latest_ok,
+from pefusion.analysis.runs import (PEFUSION_IDENTITY, RUN_ID, AnalysisError, column, failed, latest_ok,
                                     pefusion_runs, require_metrics)
 from pefusion.fusion.config import FUSIONS, PE_TYPES
 
@@ -260,6 +260,22 @@ def fusion_summary(runs: pd.DataFrame) -> pd.DataFrame:
                      "lat_ms_mean": lat.mean() if lat.notna().any() else math.nan, "lat_ms_std": _sample_std(lat)})
     return pd.DataFrame(rows, columns=["fusion", "n_runs", "n_pe_types", "test_acc_mean", "test_acc_std",
                                        "lat_ms_mean", "lat_ms_std"])
+
+
+def best_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each (pe_type, fusion) cell's best ok run, the model to use from it: the highest best validation accuracy
+    (chosen on validation, as a trial chooses its best epoch; never on test), ties to the lower seed. Columns
+    pe_type, fusion, seed, best_val_acc, test_acc (fractions, as recorded), run_id."""
+    ok = latest_ok_pefusion(runs)
+    require_metrics(ok, [R.BEST_VAL_ACC])
+    rows = []
+    for pe, fu in _cells(pefusion_runs(runs)):
+        cell = ok[(ok[R.PE_TYPE] == pe) & (ok[R.FUSION] == fu)]
+        if len(cell):
+            best = cell.sort_values([R.BEST_VAL_ACC, R.SEED], ascending=[False, True], kind="stable").iloc[0]
+            rows.append({R.PE_TYPE: pe, R.FUSION: fu, R.SEED: best[R.SEED], R.BEST_VAL_ACC: best[R.BEST_VAL_ACC],
+                         R.TEST_ACC: best.get(R.TEST_ACC, math.nan), RUN_ID: best[RUN_ID]})
+    return pd.DataFrame(rows, columns=[R.PE_TYPE, R.FUSION, R.SEED, R.BEST_VAL_ACC, R.TEST_ACC, RUN_ID])
 
 
 def _bucket_order(label: str) -> tuple[int, int]:

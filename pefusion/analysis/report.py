@@ -222,7 +222,20 @@ def report_kind(sweep: RU.Sweep) -> str:
     return kind
 
 
-def _pefusion_sections(trials: pd.DataFrame, out: Path, baseline: str) -> tuple[list[str], list[Path]]:
+def _best_runs_html(best: pd.DataFrame, tracking_uri: str) -> str:
+    """Each cell's best run and the command that makes its MLflow model (a classifier of raw text) and prints the
+    line that loads it."""
+    shown = FM.display(best.drop(columns=[RU.RUN_ID]))
+    shown["MLflow model (prints the line that loads it)"] = [
+        f"pefusion-export --run {run_id} --tracking-uri {tracking_uri}" for run_id in best[RU.RUN_ID]]
+    return _table_html(shown, "The seed with the highest best validation accuracy of each cell (chosen on "
+                              "validation, never on test). Its command makes the run's MLflow model once, or finds "
+                              "it: a pyfunc model that reads a text column and answers the label and each class's "
+                              "probability.")
+
+
+def _pefusion_sections(trials: pd.DataFrame, out: Path, baseline: str,
+                       tracking_uri: str) -> tuple[list[str], list[Path]]:
     parts, written = [], []
     written += write_table1(trials, out) + write_paired_deltas(trials, out, baseline, figures=False)
     written += write_pefusion_summaries(trials, out)
@@ -238,6 +251,8 @@ def _pefusion_sections(trials: pd.DataFrame, out: Path, baseline: str) -> tuple[
         parts.append("<h3>Table 1</h3>")
         parts.append(_table_html(FT.table1_display(table), "Test accuracy in %, mean ± sample standard deviation "
                                  f"(SD, ddof = 1) over seeds; latency in ms per sample, mean ± SD over seeds.{paper}"))
+        parts.append("<h3>Best run per cell</h3>")
+        parts.append(_best_runs_html(FT.best_runs(runs), tracking_uri))
         shown, wilcoxon_note = FT.paired_display(summary)
         parts.append(f"<h3>Paired-seed Δ accuracy against {html.escape(baseline)}</h3>")
         if wilcoxon_note:
@@ -461,7 +476,7 @@ def build_report(sweep: RU.Sweep, out: str | Path = "results", baseline: str = "
     out = Path(out)
     kind = report_kind(sweep)
     if kind == "pefusion":
-        parts, written = _pefusion_sections(sweep.trials, out, baseline)
+        parts, written = _pefusion_sections(sweep.trials, out, baseline, sweep.tracking_uri)
     elif kind == "student":
         parts, written = _student_sections(sweep.trials, out, alpha_c, alpha_l, theory, say)
     else:

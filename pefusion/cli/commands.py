@@ -1,6 +1,6 @@
 """Every command's parser and main: `sweeps/*.py` and `scripts/report.py` run these, and so do the installed
 commands of pyproject's [project.scripts] (`pefusion-grid`, `pefusion-search`, `pefusion-lambda-cv`,
-`pefusion-phase`, `pefusion-report`), for a user who installed pefusion without a clone.
+`pefusion-phase`, `pefusion-report`, `pefusion-export`), for a user who installed pefusion without a clone.
 
 A main parses its flags and checks what needs no study before it imports the study's command line (`cli/fusion.py`,
 `cli/student.py`), and those check their inputs before they import torch, Ray or MLflow: `--help` and a
@@ -47,6 +47,15 @@ the page to the sweep's MLflow parent run under results/. Installed as `pefusion
     python scripts/report.py                                  # latest sweep of pe-fusion in sqlite:///mlflow.db
     python scripts/report.py --experiment student-attention   # latest student sweep
     python scripts/report.py --parent-run 1a2b3c4d
+"""
+
+EXPORT = """A finished PE-fusion trial run's best model as an MLflow model that classifies raw text (a pyfunc model with
+the run's checkpoint and its sweep's tokeniser), logged to the run's experiment with the run as its source; a
+second export of the run finds that model. Prints the line that loads it. Installed as `pefusion-export`.
+
+    python scripts/export_model.py --run 1a2b3c4d...                 # the report names each cell's best run
+    python scripts/export_model.py --run 1a2b3c4d... --register demo  # also a version of registered model demo
+    mlflow models serve -m models:/demo/1 --env-manager local -p 5001  # POST {"inputs": [{"text": "..."}]}
 """
 
 
@@ -135,6 +144,24 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def export_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True, help="the trial run's id")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                                               "sqlite:///mlflow.db)")
+    parser.add_argument("--register", metavar="NAME", help="also register the model as a new version of NAME in "
+                                                           "MLflow's Model Registry")
+    args = parser.parse_args(argv)
+    from pefusion.fusion.export import export_run
+
+    done = export_run(args.run, args.tracking_uri, args.register)
+    print(f"{'model' if done.created else 'model (made before)'}: {done.model_uri}  (source run {done.run_id})")
+    if done.registered_uri:
+        print(f"registered: {done.registered_uri}")
+    print(f"load: {done.load_line}")
+    return 0
+
+
 # The installed commands (pyproject's [project.scripts]): a ConfigError ends in one line and exit code 2.
 def grid() -> None:
     run_main(grid_main)
@@ -154,3 +181,7 @@ def phase_diagram() -> None:
 
 def report() -> None:
     run_main(report_main)
+
+
+def export() -> None:
+    run_main(export_main)

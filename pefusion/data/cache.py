@@ -26,6 +26,9 @@ from pefusion.data.sources import Source
 
 # Bump when the cache layout or the meaning of cached arrays changes: old entries are then simply not found.
 FORMAT_VERSION = 1
+# An entry's files besides arrays.npz: what it holds (tokeniser settings, max_len, label names, counts), the
+# vocabulary (one token per line, in id order), and a subword tokeniser's own JSON.
+META_FILE, VOCAB_FILE, SUBWORD_FILE = "meta.json", "vocab.txt", "tokenizer.json"
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -49,17 +52,17 @@ def write_cache(entry: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
     try:
         np.savez(tmp / "arrays.npz", **arrays)
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         # Tokens never contain whitespace (words come from str.split or a letters-only pattern, subword pieces from
         # a whitespace pre-tokeniser), so one per line is unambiguous.
-        (tmp / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+        (tmp / VOCAB_FILE).write_text("\n".join(vocab) + "\n", encoding="utf-8")
         if tokenizer_json is not None:  # a subword tokenizer, to encode new text as the trials saw it
-            (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+            (tmp / SUBWORD_FILE).write_text(tokenizer_json, encoding="utf-8")
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a cache on a shared filesystem serves other users too
         try:
             os.rename(tmp, entry)
         except OSError:
-            if not (entry / "meta.json").exists():
+            if not (entry / META_FILE).exists():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -67,9 +70,9 @@ def write_cache(entry: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]
 
 def read_cache(entry: Path) -> tuple[dict[str, EncodedSplit], dict[str, Any]] | None:
     """The splits and meta of the cache entry `entry`; None when there is no (complete) entry."""
-    if not (entry / "meta.json").exists():
+    if not (entry / META_FILE).exists():
         return None
-    meta = json.loads((entry / "meta.json").read_text())
+    meta = json.loads((entry / META_FILE).read_text())
     with np.load(entry / "arrays.npz") as z:
         splits = {s: EncodedSplit(z[f"{s}_ids"], z[f"{s}_offsets"], z[f"{s}_labels"], z[f"{s}_raw_lengths"])
                   for s in SPLITS}
@@ -78,4 +81,10 @@ def read_cache(entry: Path) -> tuple[dict[str, EncodedSplit], dict[str, Any]] | 
 
 def load_vocab(corpus: EncodedCorpus, cfg: DataConfig) -> list[str]:
     """The cached vocabulary, word per id (for decoding or inspecting a corpus)."""
-    return (cache_root(cfg) / corpus.cache_key / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    return (cache_root(cfg) / corpus.cache_key / VOCAB_FILE).read_text(encoding="utf-8").splitlines()
+
+
+def tokenizer_files(entry: Path) -> list[Path]:
+    """The files of cache entry `entry` that encode new text as its corpus was encoded (`corpus.TextEncoder`):
+    meta.json, the vocabulary and a subword tokeniser's JSON, those it has (none for a missing entry)."""
+    return [entry / name for name in (META_FILE, VOCAB_FILE, SUBWORD_FILE) if (entry / name).exists()]

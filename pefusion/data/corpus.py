@@ -10,9 +10,16 @@ batches (`batching`).
 """
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
 
-from pefusion.data.cache import FORMAT_VERSION, cache_key, cache_root, read_cache, write_cache
+import numpy as np
+
+from pefusion.data.cache import (FORMAT_VERSION, META_FILE, SUBWORD_FILE, VOCAB_FILE, cache_key, cache_root,
+                                 read_cache, write_cache)
 from pefusion.data.config import DataConfig
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 from pefusion.data.readers import SPLITS, DataError, map_labels
@@ -67,11 +74,46 @@ def load_corpus(cfg: DataConfig, source: Source | None = None) -> EncodedCorpus:
 
 def _encode_splits(cfg: DataConfig, texts: dict[str, list[str]]) -> tuple[dict[str, int], dict[str, tuple], str | None]:
     """The vocabulary learned from the training split, each split's (ids, offsets, raw_lengths), and for a
-    subword tokeniser its JSON (None for word-level ones)."""
+    subword tokeniser its JSON (None for word-level ones). Validation and test go through `TextEncoder.encode`,
+    as new text does later."""
     if cfg.tokenizer in WORD_TOKENIZERS:
         vocab, train = encode_training_split(texts["train"], cfg.min_freq, cfg.max_vocab, cfg.max_len, cfg.tokenizer)
-        rest = {s: encode(texts[s], vocab, cfg.max_len, cfg.tokenizer) for s in SPLITS[1:]}
-        return vocab, {"train": train} | rest, None
-    tok = train_subword(texts["train"], cfg.tokenizer, cfg.max_vocab, cfg.min_freq)
-    return (subword_vocabulary(tok), {s: encode_subword(tok, texts[s], cfg.max_len) for s in SPLITS},
-            tok.to_str())
+        encoder = TextEncoder(cfg.tokenizer, cfg.max_len, vocab)
+    else:
+        tok = train_subword(texts["train"], cfg.tokenizer, cfg.max_vocab, cfg.min_freq)
+        encoder = TextEncoder(cfg.tokenizer, cfg.max_len, subword_vocabulary(tok), tok)
+        train = encoder.encode(texts["train"])
+    return (encoder.vocab, {"train": train} | {s: encoder.encode(texts[s]) for s in SPLITS[1:]},
+            None if encoder.subword is None else encoder.subword.to_str())
+
+
+@dataclass(frozen=True)
+class TextEncoder:
+    """Documents to token ids as a corpus's were encoded: its tokeniser, its vocabulary (learned on its training
+    split; never relearned) and its truncation to max_len. `from_files` rebuilds it from a cache entry's files
+    (`cache.tokenizer_files`), which a sweep also records in MLflow, so a trained model can read new text."""
+
+    tokenizer: str  # a DataConfig tokenizer name
+    max_len: int
+    vocab: dict[str, int]  # token -> id, PAD = 0 and UNK = 1 first
+    subword: Any = None  # the trained `tokenizers.Tokenizer` of a subword tokeniser, else None
+
+    @classmethod
+    def from_files(cls, folder: str | Path) -> TextEncoder:
+        """The encoder of a folder holding a cache entry's meta.json, vocab.txt and, for a subword tokeniser,
+        tokenizer.json."""
+        folder = Path(folder)
+        meta = json.loads((folder / META_FILE).read_text())
+        words = (folder / VOCAB_FILE).read_text(encoding="utf-8").splitlines()
+        subword = None
+        if meta["tokenizer"] not in WORD_TOKENIZERS:
+            from tokenizers import Tokenizer
+            subword = Tokenizer.from_str((folder / SUBWORD_FILE).read_text(encoding="utf-8"))
+        return cls(meta["tokenizer"], int(meta["max_len"]), {w: i for i, w in enumerate(words)}, subword)
+
+    def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids int32 (total,), offsets int64 (N+1,), raw_lengths int64 (N,)): each text's tokens, the first
+        max_len kept, unknown ones UNK; raw_lengths count tokens before truncation."""
+        if self.subword is not None:
+            return encode_subword(self.subword, texts, self.max_len)
+        return encode(texts, self.vocab, self.max_len, self.tokenizer)

@@ -24,7 +24,9 @@ probabilities, instead of SDPA's math path, and `Dropout` for activations).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +38,10 @@ from pefusion.fusion.config import ModelConfig
 from pefusion.fusion.layers import Embedding, LayerNorm, Linear, linear
 from pefusion.fusion.operators import build_fusion
 from pefusion.fusion.positional import ALiBi, Rotary, build_positional
+
+# A saved best model (a trial's checkpoint/ folder): its state_dict, and the config that rebuilds it.
+MODEL_WEIGHTS = "model.pt"
+MODEL_CONFIG = "model_config.json"
 
 
 class SelfAttention(nn.Module):
@@ -163,3 +169,14 @@ def build_model(vocab_size: int, num_classes: int, **hparams) -> PEFusionClassif
     if unknown:
         raise ConfigError(f"unknown model hyperparameter {unknown[0]!r}; allowed: {', '.join(allowed)}")
     return build_model_from_config(ModelConfig(**hparams), vocab_size, num_classes)
+
+
+def load_checkpoint(folder: str | Path) -> torch.nn.Module:
+    """Rebuild a saved best model from its checkpoint folder (`model.pt` + `model_config.json`), in eval mode."""
+    folder = Path(folder)
+    cfg = json.loads((folder / MODEL_CONFIG).read_text())
+    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
+    model = build_model_from_config(ModelConfig(**{k: v for k, v in cfg.items() if k in model_keys}),
+                                    cfg["vocab_size"], cfg["num_classes"])
+    model.load_state_dict(torch.load(folder / MODEL_WEIGHTS, weights_only=True, map_location="cpu"))
+    return model.eval()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
@@ -19,6 +20,7 @@ from pefusion.analysis.formats import csv_ready
 from pefusion.analysis.fusion_tables import table1
 from pefusion.analysis.runs import RUN_ID, START_TIME
 from pefusion.analysis.search import budget_summary, search_table
+from pefusion.data.cache import cache_root, tokenizer_files
 from pefusion.data.config import TOKENIZER_KEYS, DataConfig
 from pefusion.data.corpus import load_corpus
 from pefusion.data.encoded import EncodedCorpus
@@ -58,6 +60,10 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         return (f"{counted(n_trials, 'trial')} on {c.name}: {len(c.train)} train / {len(c.validation)} validation / "
                 f"{len(c.test)} test documents, {vocab}") if describe else ""
 
+    def tokenizers(shipped: dict[str, Any]) -> dict[str, list[Path]]:
+        return {f"{R.ARTIFACT_TOKENIZER_DIR}/{key}": tokenizer_files(cache_root(settings[key]) / c.cache_key)
+                for key, c in shipped["corpora"].items()}
+
     n_trials = grid_size(space) * search.get("num_samples", 1)  # a search samples num_samples per grid point
     dataset = preset.data.source_name
     return StudySweep(
@@ -77,6 +83,7 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         gpu_probe=functools.partial(largest_trial_peak, base=preset),
         resolved_keys=(R.DEVICE, R.PRECISION, R.PAD_MULTIPLE),
         stackable=None if search.get("metric") else R.SEED,  # a search judges each trial by one metric
+        parent_files=tokenizers,
         **search)
 
 

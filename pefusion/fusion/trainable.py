@@ -8,7 +8,6 @@ in place from shared memory, so a trial touches only the corpus of its own setti
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tempfile
@@ -21,16 +20,14 @@ from ray import tune
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.fusion.config import ModelConfig, Preset, split_trial_config, trial_data
-from pefusion.fusion.model import build_model_from_config
+from pefusion.fusion.config import Preset, split_trial_config, trial_data
+from pefusion.fusion.model import MODEL_CONFIG, MODEL_WEIGHTS
 from pefusion.data.encoded import EncodedCorpus
 from pefusion.fusion.stacked import StackedTrainer
 from pefusion.fusion.training import Trainer, train_and_evaluate
 
 TRAINER_STATE = "trainer.pt"
 FINAL_RECORD = "record.json"
-MODEL_WEIGHTS = "model.pt"
-MODEL_CONFIG = "model_config.json"
 
 
 def _report_with_files(metrics: dict[str, Any], files: Callable[[Path], None]) -> None:
@@ -48,17 +45,6 @@ def _write_final(folder: Path, trainer: Trainer, record: dict[str, Any]) -> None
     buckets = {k: v for k, v in record.items() if k.startswith((R.LENGTH_METRIC_PREFIX, R.LENGTH_COUNT_PREFIX))}
     (folder / R.ARTIFACT_LENGTH_BUCKETS).write_text(json.dumps(buckets, indent=1))
     (folder / FINAL_RECORD).write_text(json.dumps(record, indent=1))
-
-
-def load_checkpoint(folder: str | Path) -> torch.nn.Module:
-    """Rebuild a saved best model from its checkpoint folder (`model.pt` + `model_config.json`), in eval mode."""
-    folder = Path(folder)
-    cfg = json.loads((folder / MODEL_CONFIG).read_text())
-    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
-    model = build_model_from_config(ModelConfig(**{k: v for k, v in cfg.items() if k in model_keys}),
-                                    cfg["vocab_size"], cfg["num_classes"])
-    model.load_state_dict(torch.load(folder / MODEL_WEIGHTS, weights_only=True, map_location="cpu"))
-    return model.eval()
 
 
 def pefusion_trainable(config: dict[str, Any], *, corpora: Mapping[str, EncodedCorpus], base: Preset, cpus: float,

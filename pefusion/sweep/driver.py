@@ -76,6 +76,8 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
                              announce=True, system_metrics=True,
                              tags={R.TAG_RAY_ADDRESS: opts.address or "local", R.TAG_COMMAND: opts.command,
                                    **opts.tags})
+    for folder, files in study.parent_files(shipped).items():
+        recorder.later(recorder.log_parent_artifacts, files, folder)
     # A resumed sweep's trials carry the runs they were made with, whatever this driver's flags say.
     stack_key = stacked or study.stackable
     outcomes = Outcomes(stack_key, study.metric, study.mode, study.best_metric)

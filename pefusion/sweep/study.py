@@ -8,6 +8,7 @@ their own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
@@ -67,6 +68,9 @@ class StudySweep:
     # A key whose grid values the study's trainable can train together in one trial, one run each (the seeds of a
     # PE-fusion cell): `--stack-seeds` makes that grid a `stack`, and left out, it is stacked where trials get a GPU.
     stackable: str | None = None
+    # Files the sweep's parent run keeps from its start, by artifact folder, from what `ship` built: what a finished
+    # trial's model needs besides its checkpoint (the tokeniser of each corpus the trials read).
+    parent_files: Callable[[Mapping[str, Any]], Mapping[str, Sequence[Path]]] = lambda shipped: {}
 
 
 def varying_keys(space: SearchSpace) -> list[str]:
