@@ -231,9 +231,10 @@ def _log_model(client: Any, run: Any, parent: str, tokenizer: str, uri: str) -> 
     with tempfile.TemporaryDirectory(prefix="pefusion-export-") as tmp:
         checkpoint = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, tracking_uri=uri, dst_path=tmp,
                                                          artifact_path=R.ARTIFACT_CHECKPOINT_DIR)
-        words = mlflow.artifacts.download_artifacts(run_id=parent, artifact_path=tokenizer, tracking_uri=uri,
-                                                    dst_path=tmp)
-        labels = label_values(json.loads((Path(words) / META_FILE).read_text())["label_names"])
+        # (renamed: the model keeps an artifact under its folder's last name, here the setting's min_freq)
+        words = Path(mlflow.artifacts.download_artifacts(run_id=parent, artifact_path=tokenizer, tracking_uri=uri,
+                                                         dst_path=f"{tmp}/parent")).rename(Path(tmp) / "tokenizer")
+        labels = label_values(json.loads((words / META_FILE).read_text())["label_names"])
         # a document of the vocabulary's most frequent tokens: MLflow shows it with the model and checks, as it
         # logs the model, that the model answers it
         example = pd.DataFrame({TEXT: [" ".join(list(TextEncoder.from_files(words).vocab)[2:22])]})
@@ -241,7 +242,7 @@ def _log_model(client: Any, run: Any, parent: str, tokenizer: str, uri: str) -> 
                                                experiment_id=run.info.experiment_id, params=run.data.params)
         mlflow.pyfunc.log_model(name=MODEL_NAME, model_id=model.model_id,
                                 python_model=str(Path(__file__).with_name("pyfunc_model.py")),
-                                artifacts={"checkpoint": checkpoint, "tokenizer": words},
+                                artifacts={"checkpoint": checkpoint, "tokenizer": str(words)},
                                 signature=signature(labels), input_example=example,
                                 pip_requirements=requirements())
     client.log_outputs(run.info.run_id, [LoggedModelOutput(model.model_id, step=0)])
