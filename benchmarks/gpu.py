@@ -172,12 +172,13 @@ def make_corpus(plan: Plan, model: str) -> EncodedCorpus:
                          cache_key="")
 
 
-def batch_indices(split: EncodedSplit, batch_size: int, batching: str, *, train: bool, seed: int,
-                  epoch: int) -> list[np.ndarray]:
+def batch_indices(split: EncodedSplit, batch_size: int, batching: str, *, train: bool, seed: int, epoch: int,
+                  pad_multiple: int, max_len: int) -> list[np.ndarray]:
     """Document indices of each batch: `bucketed` = what `iter_batches` gives (shuffled for training, sorted by
     length for evaluation), `padded` = a random permutation cut into batches."""
     if batching == "bucketed":
-        return batch_order(split.lengths, batch_size, shuffle=train, seed=seed, epoch=epoch)
+        return batch_order(split.lengths, batch_size, shuffle=train, seed=seed, epoch=epoch,
+                           pad_multiple=pad_multiple, max_width=max_len)
     perm = np.random.default_rng([seed, epoch]).permutation(len(split))
     return [perm[i:i + batch_size] for i in range(0, len(perm), batch_size)]
 
@@ -190,7 +191,8 @@ def epoch_batches(split: EncodedSplit, batch_size: int, batching: str, *, train:
         yield from iter_batches(split, batch_size, shuffle=train, seed=seed, epoch=epoch, device=device,
                                 pad_multiple=pad_multiple, max_width=max_len)
         return
-    for index in batch_indices(split, batch_size, batching, train=train, seed=seed, epoch=epoch):
+    for index in batch_indices(split, batch_size, batching, train=train, seed=seed, epoch=epoch,
+                               pad_multiple=pad_multiple, max_len=max_len):
         tokens = np.zeros((len(index), max_len), dtype=np.int64)
         part = pad_batch(split, index)  # (B, T) with T = the longest of the batch
         tokens[:, :part.shape[1]] = part
@@ -331,7 +333,8 @@ def measure_train(plan: Plan, model: str, fusion: str, precision: str, batching:
     multiple = trainer.placement.pad_multiple
     line = {"bench": "train", **describe(plan, model, trainer), "batching": batching}
     pad_share, unpadded = padding(split, batch_indices(split, cfg.batch_size, batching, train=True, seed=plan.seed,
-                                                       epoch=1), batching, max_len, multiple)
+                                                       epoch=1, pad_multiple=multiple, max_len=max_len),
+                                  batching, max_len, multiple)
     line.update(padding_fraction=pad_share, unpadded_batch_fraction=unpadded, oom=False)
     oom = ""
     try:

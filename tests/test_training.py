@@ -280,3 +280,26 @@ def test_latency_is_milliseconds_per_test_sample(smoke_preset, smoke_corpus):
     after = _ms_per_sample_direct(trainer.model, batches, len(test))
     latency = record[R.LAT_MS_MEAN]
     assert min(before, after) / 4 < latency < max(before, after) * 4, (latency, before, after)
+
+
+def test_no_batch_shape_is_new_after_the_first_epoch_when_widths_are_rounded():
+    """What a trial's model sees, recorded by a forward hook: with widths rounded to a multiple (as on a GPU, where
+    a kernel planned per shape is planned once per new shape), epoch 2 brings no (batch, width) shape, training or
+    validation, that epoch 1 did not. 401 documents of 1..128 tokens in batches of 4: three of the unrounded
+    order's sort chunks, whose batches' widths change from epoch to epoch."""
+    from pefusion.data.encoded import EncodedCorpus, EncodedSplit
+    from pefusion.fusion.config import ModelConfig, TrainConfig
+
+    rng = np.random.default_rng(0)
+    split = EncodedSplit.random(rng.integers(1, 129, 401), rng.integers(1, 129, 401), 50, 2, rng)
+    corpus = EncodedCorpus(split, split, split, vocab_size=50, num_classes=2, max_len=128, name="shapes",
+                           cache_key="")
+    model = ModelConfig(d_model=8, nhead=2, num_layers=1, dim_ff=8, dropout=0.0, max_len=128)
+    trainer = Trainer(model, TrainConfig(batch_size=4, max_epochs=2, pad_multiple=16, device="cpu"), corpus)
+    shapes: list[set] = []
+    trainer.model.register_forward_pre_hook(lambda module, args: shapes[-1].add(tuple(args[0].shape)))
+    for _ in range(2):
+        shapes.append(set())
+        trainer.train_epoch()
+    assert {w for _, w in shapes[0]} == {16 * k for k in range(1, 9)}  # every width of 16 up to 128
+    assert shapes[1] <= shapes[0]

@@ -23,17 +23,25 @@ class Batch(NamedTuple):
     index: torch.Tensor  # (B,) int64 positions of these documents in the split
 
 
-def batch_order(lengths: np.ndarray, batch_size: int, *, shuffle: bool, seed: int = 0,
-                epoch: int = 0) -> list[np.ndarray]:
+def batch_order(lengths: np.ndarray, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
+                pad_multiple: int = 1, max_width: int | None = None) -> list[np.ndarray]:
     """Document indices of each batch. shuffle=False: all documents sorted by length (the least padding;
-    deterministic). shuffle=True: a random permutation cut into chunks of BATCHES_PER_SORT_CHUNK batches,
-    each chunk sorted by length and cut into batches, then the batch order shuffled — deterministic for
-    (seed, epoch)."""
+    deterministic). shuffle=True, unrounded widths (pad_multiple 1): a random permutation cut into chunks of
+    BATCHES_PER_SORT_CHUNK batches, each chunk sorted by length and cut into batches, then the batch order
+    shuffled. shuffle=True, widths rounded up to pad_multiple > 1: every document sorted by its rounded width
+    (`batch_widths`), in a random order among documents of one width, cut into batches, the batch order shuffled:
+    batch k holds the documents of ranks k·B to (k+1)·B − 1 in width order, so its size and width are the same in
+    every epoch, and an epoch brings no (batch, width) shape the first one did not (kernels planned per shape are
+    planned in the first epoch only). Deterministic for (seed, epoch)."""
     n = len(lengths)
     if not shuffle:
         order = np.argsort(lengths, kind="stable")
         return [order[i:i + batch_size] for i in range(0, n, batch_size)]
     rng = np.random.default_rng([seed, epoch])
+    if pad_multiple > 1:
+        order = np.lexsort((rng.random(n), batch_widths(lengths, pad_multiple, max_width)))
+        batches = [order[i:i + batch_size] for i in range(0, n, batch_size)]
+        return [batches[i] for i in rng.permutation(len(batches))]
     perm = rng.permutation(n)
     chunk = batch_size * BATCHES_PER_SORT_CHUNK
     batches = []
@@ -44,11 +52,16 @@ def batch_order(lengths: np.ndarray, batch_size: int, *, shuffle: bool, seed: in
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+def batch_widths(lengths: np.ndarray, multiple: int, limit: int | None = None) -> np.ndarray:
+    """`batch_width` of each length: (N,) int64."""
+    widths = -(-lengths // multiple) * multiple
+    return widths if limit is None else np.minimum(widths, np.maximum(limit, lengths))
+
+
 def batch_width(longest: int, multiple: int = 1, limit: int | None = None) -> int:
     """The width of a batch whose longest document has `longest` tokens: rounded up to a multiple of `multiple`,
     but never past `limit` (the model's max_len, which it refuses to exceed)."""
-    width = -(-longest // multiple) * multiple
-    return width if limit is None else min(width, max(limit, longest))
+    return int(batch_widths(np.asarray(longest), multiple, limit))
 
 
 def pad_batch(split: EncodedSplit, index: np.ndarray, multiple: int = 1, limit: int | None = None) -> np.ndarray:
@@ -67,14 +80,15 @@ def pad_batch(split: EncodedSplit, index: np.ndarray, multiple: int = 1, limit: 
 def iter_batches(split: EncodedSplit, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
                  device: torch.device | None = None, pad_multiple: int = 1,
                  max_width: int | None = None) -> Iterator[Batch]:
-    """Length-bucketed batches covering every document of `split` exactly once (see `batch_order`), each padded
-    to its longest document rounded up to `pad_multiple` (at most `max_width`). Padding changes nothing the model
+    """Length-bucketed batches covering every document of `split` exactly once (see `batch_order`: with rounded
+    widths, training batches keep their shapes from epoch to epoch), each padded to its longest document rounded up
+    to `pad_multiple` (at most `max_width`). Padding changes nothing the model
     computes for a document, given the key-padding mask and pooling over non-pad positions: bucketing removes
     work, and rounding the widths up leaves a GPU few distinct shapes to plan kernels for."""
     if batch_size <= 0:
         raise ConfigError(f"batch_size={batch_size} is out of range; it must be > 0")
-    lengths = split.lengths
-    for index in batch_order(lengths, batch_size, shuffle=shuffle, seed=seed, epoch=epoch):
+    for index in batch_order(split.lengths, batch_size, shuffle=shuffle, seed=seed, epoch=epoch,
+                             pad_multiple=pad_multiple, max_width=max_width):
         tokens = torch.from_numpy(pad_batch(split, index, pad_multiple, max_width))
         labels = torch.from_numpy(split.labels[index])
         idx = torch.from_numpy(index.astype(np.int64, copy=False))

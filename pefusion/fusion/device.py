@@ -2,7 +2,7 @@
 attention kernels SDPA may pick, the multiple batch widths are rounded up to; and what the trial reports about
 itself (`Placement.info`), since the driver cannot know any of it: `auto` resolves on the trial's own device.
 
-Every choice is a pure function of the device's kind and what it supports, so each is tested on a CPU with made-up
+Every choice is a pure function of the device's kind, what it supports and the batch widths, so each is tested on a CPU with made-up
 devices; `place` makes them for one process and applies them there (`configure`). On a CPU nothing changes: fp32,
 unpadded batches, PyTorch's kernels plus pefusion's CPU dropout kernel, as the CPU numbers were always computed.
 
@@ -11,9 +11,12 @@ Why these choices on a GPU (the measurements, from `scripts/bench_gpu.py`, are i
   only use the memory-efficient kernel; the paper's models trained several times faster in bf16.
 - Batch widths rounded up to a multiple of 64: length-bucketed batches have hundreds of distinct widths, and a
   kernel planned per shape is planned again for every one of them, in every trial process.
-- cuDNN's attention off: it builds an execution graph per (batch, length) shape, so every new length paid for a
-  plan; the efficient kernel runs as fast on seen lengths and plans nothing.
-  Flash attention takes no mask, and the model always passes its key-padding mask, so `efficient` is what runs.
+- cuDNN's attention where the batch widths are few: it builds an execution graph per (batch, width) shape, so
+  each new width pays for a plan, but on long sequences a planned step runs several times faster than with the
+  memory-efficient kernel. With widths rounded up to a multiple of at least 64 and at most 64 of them, the plans are
+  paid once, in the first epoch (batching keeps every later epoch on the first one's shapes); with more widths
+  (unpadded batches, a small multiple) cuDNN stays off and the efficient kernel, which plans nothing, runs.
+  Flash attention takes no mask, and the model always passes its key-padding mask, so flash never runs.
 """
 from __future__ import annotations
 
@@ -27,6 +30,10 @@ import torch
 from pefusion import record as R
 
 PAD_MULTIPLE_CUDA = 64  # batch widths on a GPU: max_len / 64 shapes at most (8 for IMDB's 512, 64 for 4 096)
+# cuDNN's attention is allowed when widths are rounded up to at least this multiple and number at most
+# MAX_CUDNN_WIDTHS: the arxiv preset's 4 096 / 64 widths, each planned once (README, GPUs).
+MIN_CUDNN_MULTIPLE = 64
+MAX_CUDNN_WIDTHS = 64
 
 
 def select_device(preference: str = "auto") -> torch.device:
@@ -65,13 +72,26 @@ class AttentionPolicy:
     cudnn: bool  # whether cuDNN's attention kernel may run
 
 
-def attention_policy(device_type: str) -> AttentionPolicy:
-    """CUDA: cuDNN's attention off (it plans per shape; see the module docstring), so PyTorch picks among flash,
-    memory-efficient and math. A CPU: PyTorch's own choice, and pefusion's chunked kernel for attention dropout
-    in training (`pefusion.fusion.attention`)."""
-    if device_type == "cuda":
-        return AttentionPolicy("flash, efficient, math (cuDNN off: it plans per batch shape)", cudnn=False)
-    return AttentionPolicy("PyTorch's CPU kernels; pefusion's chunked kernel for attention dropout", cudnn=True)
+def width_count(pad_multiple: int, max_len: int) -> int:
+    """How many distinct batch widths a trial can have: widths are rounded up to `pad_multiple`, never past
+    `max_len` (`pefusion.data.batching.batch_width`)."""
+    return -(-max_len // pad_multiple)
+
+
+def attention_policy(device_type: str, pad_multiple: int, max_len: int) -> AttentionPolicy:
+    """CUDA with few batch widths (rounded up to a multiple >= MIN_CUDNN_MULTIPLE, at most MAX_CUDNN_WIDTHS of
+    them up to `max_len`): every kernel allowed, cuDNN's attention first, each width planned once. CUDA with more
+    widths: cuDNN's attention off (it would plan again on every new width), so PyTorch picks among flash,
+    memory-efficient and math. A CPU: PyTorch's own choice, and pefusion's chunked kernel for attention dropout in
+    training (`pefusion.fusion.attention`)."""
+    if device_type != "cuda":
+        return AttentionPolicy("PyTorch's CPU kernels; pefusion's chunked kernel for attention dropout", cudnn=True)
+    widths = width_count(pad_multiple, max_len)
+    if pad_multiple >= MIN_CUDNN_MULTIPLE and widths <= MAX_CUDNN_WIDTHS:
+        return AttentionPolicy(f"cudnn, flash, efficient, math (cuDNN on: {widths} widths of {pad_multiple}, "
+                               f"each planned once)", cudnn=True)
+    return AttentionPolicy(f"flash, efficient, math (cuDNN off: {widths} widths of {pad_multiple} would each be "
+                           f"planned)", cudnn=False)
 
 
 def configure(device: torch.device, precision: str, policy: AttentionPolicy) -> None:
@@ -120,10 +140,11 @@ class Placement:
                 R.PAD_MULTIPLE: self.pad_multiple, R.ATTENTION: self.attention.name}
 
 
-def place(device: torch.device, precision: str, pad_multiple: int) -> Placement:
-    """Resolve the requested precision and pad multiple on `device`, choose its attention policy, and apply them
-    to this process."""
-    placement = Placement(device, resolve_precision(precision, device.type, bf16_supported(device)),
-                          resolve_pad_multiple(pad_multiple, device.type), attention_policy(device.type))
+def place(device: torch.device, precision: str, pad_multiple: int, max_len: int) -> Placement:
+    """Resolve the requested precision and pad multiple on `device`, choose its attention policy for batches at
+    most `max_len` wide, and apply them to this process."""
+    multiple = resolve_pad_multiple(pad_multiple, device.type)
+    placement = Placement(device, resolve_precision(precision, device.type, bf16_supported(device)), multiple,
+                          attention_policy(device.type, multiple, max_len))
     configure(device, placement.precision, placement.attention)
     return placement

@@ -93,7 +93,8 @@ class Trainer:
         self.started_at, self.wall_before_s, self.process_start = time.time(), 0.0, time.monotonic()
         self.model_cfg, self.train_cfg, self.corpus = model_cfg, train_cfg, corpus
         # precision and pad multiple resolved on this device, its TF32 and attention-kernel flags set
-        self.placement = place(device or select_device(train_cfg.device), train_cfg.precision, train_cfg.pad_multiple)
+        self.placement = place(device or select_device(train_cfg.device), train_cfg.precision, train_cfg.pad_multiple,
+                               model_cfg.max_len)
         self.device = self.placement.device
         if corpus.max_len > model_cfg.max_len:
             raise ValueError(f"the data keeps {corpus.max_len} tokens per document but the model's max_len is "
