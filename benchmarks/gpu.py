@@ -1,4 +1,4 @@
-"""GPU training benchmark (issue 12, items 1 and 3): throughput, memory, precision, attention kernel, latency and
+"""GPU training benchmark: throughput, memory, precision, attention kernel, latency and
 packing of the paper's models on token ids of realistic lengths. It imports torch, numpy and this package only
 (no Ray, MLflow or `datasets`), so it runs on a bare GPU machine.
 
@@ -19,9 +19,11 @@ same documents. One JSON line per configuration, on stdout and in --json-out:
   truncation (`doc_words`), `max_len`, `mean_tokens` (tokens kept per document) and `truncated_fraction`.
 - `train`, per model × fusion × precision × batching: `bucketed` batches are those training runs
   (`iter_batches`: documents of similar length together, padded to the longest of the batch); `padded` batches
-  are random documents padded to max_len (the paper notebook's batches). After `--warmup` untimed steps, one
-  timed epoch: `train_samples_per_s`, `train_tokens_per_s` (tokens kept, padding not counted; = samples/s ×
-  mean_tokens), `train_ms_per_step`, `padding_fraction` (padded share of the batches' cells),
+  are random documents padded to max_len (the paper notebook's batches). The first epoch, timed as a trial's first
+  epoch runs (every shape new: kernels planned per shape, the CUDA context and handles): `first_epoch_s`,
+  `first_epoch_samples_per_s`; then `--warmup` untimed steps and the steady state, a second timed epoch (the first
+  one's shapes, in another order): `train_samples_per_s`, `train_tokens_per_s` (tokens kept, padding not
+  counted; = samples/s × mean_tokens), `train_ms_per_step`, `first_over_steady` (first_epoch_s / train_s), `padding_fraction` (padded share of the batches' cells),
   `unpadded_batch_fraction` (batches without padding); `peak_mem_alloc_mib` (what tensors held at most,
   torch.cuda.max_memory_allocated) and `peak_mem_reserved_mib` (what the allocator took from the card, which
   packing must fit), null on a CPU; `attention_kernels`: which attention kernel ran, counted over the warm-up
@@ -337,12 +339,16 @@ def measure_train(plan: Plan, model: str, fusion: str, precision: str, batching:
                                   batching, max_len, multiple)
     line.update(padding_fraction=pad_share, unpadded_batch_fraction=unpadded, oom=False)
     oom = ""
+
+    def epoch(number: int) -> int:
+        return run_steps(trainer, epoch_batches(split, cfg.batch_size, batching, train=True, seed=plan.seed,
+                                                epoch=number, max_len=max_len, device=device, pad_multiple=multiple))
+
     try:
         reset_peak_memory(device)
+        _, first_s, _ = timed(lambda: epoch(0))  # every shape new: plans, the CUDA context, cuBLAS's handles
         kernels = warm_up(plan, trainer, batching)
-        samples, wall, _ = timed(lambda: run_steps(trainer, epoch_batches(
-            split, cfg.batch_size, batching, train=True, seed=plan.seed, epoch=1, max_len=max_len, device=device,
-            pad_multiple=multiple)))
+        samples, wall, _ = timed(lambda: epoch(1))
         alloc, reserved = peak_memory_mib(device)
         eval_batches = list(epoch_batches(split, cfg.batch_size, batching, train=False, seed=plan.seed, epoch=0,
                                           max_len=max_len, device=device, pad_multiple=multiple))
@@ -357,7 +363,8 @@ def measure_train(plan: Plan, model: str, fusion: str, precision: str, batching:
     if oom:
         return {**line, "oom": True, "error": oom}
     mean_tokens = float(split.lengths.mean())
-    line.update(samples=samples, train_s=wall, train_samples_per_s=samples / wall,
+    line.update(first_epoch_s=first_s, first_epoch_samples_per_s=samples / first_s,
+                first_over_steady=first_s / wall, samples=samples, train_s=wall, train_samples_per_s=samples / wall,
                 train_tokens_per_s=samples * mean_tokens / wall, train_ms_per_step=1000.0 * wall / plan.steps,
                 peak_mem_alloc_mib=alloc, peak_mem_reserved_mib=reserved, attention_kernels=kernels,
                 sdpa_backends_ok=ok, sdpa_backends_refused=refused, latency_ms_per_sample=lat_mean,
@@ -369,8 +376,8 @@ def measure_train(plan: Plan, model: str, fusion: str, precision: str, batching:
 # Shapes: a step on new lengths against a step on lengths seen
 # --------------------------------------------------------------------------------------------------------------
 
-# `pefusion`: what a trial does (widths rounded up to its pad multiple, its attention policy: cuDNN's attention off
-# on a GPU); `pytorch`: the naive way, every width as the lengths come, under PyTorch's own kernel order (on Hopper
+# `pefusion`: what a trial does (widths rounded up to its pad multiple, its attention policy: cuDNN's attention where
+# the widths are few); `pytorch`: the naive way, every width as the lengths come, under PyTorch's own kernel order (on Hopper
 # since torch 2.11, cuDNN's attention first, which builds an execution graph per new shape).
 SHAPE_VARIANTS = ("pefusion", "pytorch")
 
@@ -390,7 +397,7 @@ def measure_shapes(plan: Plan, model: str, precision: str, variant: str, n: int,
     device, max_len = trainer.device, trainer.model_cfg.max_len
     multiple = trainer.placement.pad_multiple if variant == "pefusion" else 1
     if variant == "pytorch" and device.type == "cuda":
-        torch.backends.cuda.enable_cudnn_sdp(True)  # PyTorch's default, which the trial's policy turned off
+        torch.backends.cuda.enable_cudnn_sdp(True)  # PyTorch's default, which the trial's policy may turn off
     rng = np.random.default_rng(plan.seed)
     batch_size, vocab = plan.batch_size(model), corpus.vocab_size
 

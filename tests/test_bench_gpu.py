@@ -154,6 +154,9 @@ def test_train_lines_have_sane_rates_memory_kernels_and_latency(tiny_run):
         assert t["train_tokens_per_s"] == pytest.approx(t["train_samples_per_s"] * _mean_tokens(corpus), rel=2e-3)
         assert t["train_samples_per_s"] == pytest.approx(t["samples"] / t["train_s"], rel=2e-3)
         assert t["train_ms_per_step"] == pytest.approx(1000 * t["train_s"] / t["steps"], rel=2e-3)
+        # the first epoch (every shape new) apart from the steady one: the same documents over its own seconds
+        assert t["first_epoch_samples_per_s"] == pytest.approx(t["samples"] / t["first_epoch_s"], rel=2e-3)
+        assert t["first_over_steady"] == pytest.approx(t["first_epoch_s"] / t["train_s"], rel=2e-3)
         assert t["peak_mem_alloc_mib"] is None and t["peak_mem_reserved_mib"] is None  # no GPU memory on a CPU
         assert t["latency_ms_per_sample"] > 0 and t["latency_ms_std"] >= 0
         # every attention call of the warm-up steps (one per layer per step) is attributed to one known kernel
