@@ -130,6 +130,14 @@ def system_gpu(index: int, what: str) -> str:
     return f"{SYSTEM_PREFIX}gpu_{index}_{what}"
 
 
+# --- the card time a sweep held (metrics of its MLflow parent run, pefusion.sweep.driver) ---------------------
+# What renting the cluster cost, busy or not: the sweep command's wall seconds from its start to its end (the GPU
+# probe, Ray's start and the trials' set-up included), summed over its invocations (--resume), times the GPUs its
+# Ray cluster had. Beside it the report sums the runs' wall × share (GPU_SHARE): the GPU time the trials were given.
+SWEEP_WALL_S = "sweep_wall_s"
+CLUSTER_GPUS = "cluster_gpus"  # the GPUs of the Ray cluster's live nodes (the last invocation's)
+CARD_HOURS = "card_hours"  # Σ over invocations of wall seconds × cluster GPUs / 3600
+
 # --- a search's epoch budget (metrics of its MLflow parent run) ----------------------------------------------
 EPOCHS_TRAINED = "epochs_trained"  # epochs the trials actually ran
 EPOCHS_FULL_BUDGET = "epochs_full_budget"  # trials × max_t: what the same samples cost without early stopping

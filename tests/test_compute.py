@@ -28,6 +28,9 @@ TRIALS = pd.DataFrame({
 # By hand: GPU-hours 7200 × 0.5 + 2 × 3600 × 0.125 = 4500 s = 1.25 h; CPU-hours (7200 × 2 + 2 × 3600 × 0.5 + 1800)
 # / 3600 = 5.5; the sweep's wall time from the first start (1000) to the last end (9000): 8000 s.
 GPU_HOURS, CPU_HOURS, SWEEP_WALL_S = 1.25, 5.5, 8000.0
+# The parent run's record of what the sweep held: its command ran 9 000 s (Ray's start and the probe included) on a
+# cluster of 2 GPUs: 9000 × 2 / 3600 = 5 card-hours, against the 1.25 GPU-hours its trials were given.
+PARENT = {R.SWEEP_WALL_S: 9000.0, R.CLUSTER_GPUS: 2.0, R.CARD_HOURS: 5.0}
 EPOCHS = pd.DataFrame({  # run a's two epochs (GPU: memory), run d's one (CPU: none), run e's one
     RU.RUN_ID: ["ra", "ra", "rd", "re"], R.EPOCH: [1, 2, 1, 1],
     R.TRAIN_SAMPLES_PER_S: [100.0, 300.0, 40.0, 10.0], R.TRAIN_TOKENS_PER_S: [1e4, 3e4, 4e3, 1e3],
@@ -45,8 +48,10 @@ def test_compute_table_and_totals_by_hand():
     assert (a[CO.GPU_HOURS], a[CO.CPU_HOURS], d[CO.GPU_HOURS], d[CO.CPU_HOURS]) == (1.0, 4.0, 0.0, 0.5)
     assert table.loc["b/seed=0", CO.GPU_HOURS] == 0.125 and table.loc["e", R.EPOCHS_RUN] == 1
     assert R.SEED in table and R.PE_TYPE not in table  # the keys that vary name the runs
-    totals = CO.totals(TRIALS, table.reset_index())
+    totals = CO.totals(TRIALS, table.reset_index(), PARENT)
     assert (totals.gpu_hours, totals.cpu_hours, totals.wall_s) == pytest.approx((GPU_HOURS, CPU_HOURS, SWEEP_WALL_S))
+    assert (totals.sweep_wall_s, totals.cluster_gpus, totals.card_hours) == (9000.0, 2.0, 5.0)
+    assert np.isnan(CO.totals(TRIALS, table.reset_index(), {}).card_hours)  # a parent run without them
     assert (totals.runs, totals.unpriced, totals.devices) == (5, 1, (H200, CPU))
 
 
@@ -54,17 +59,19 @@ def test_compute_section_writes_its_csv_and_draws_utilisation_only_from_system_m
     """The section's CSV (through formats.csv_ready: hours to 3 significant figures, rates to 0.1) and its
     line; the utilisation figure with system metrics, none without."""
     no_system = pd.DataFrame(columns=["name", "timestamp", "value"])
-    parts, written = compute_section(TRIALS, EPOCHS, no_system, tmp_path)
+    parts, written = compute_section(TRIALS, EPOCHS, no_system, PARENT, tmp_path)
     assert written == [tmp_path / "compute_runs.csv"]
     page = "\n".join(parts)
     assert "Sweep wall time 8000 s (2.22 h)" in page and "GPU-hours 1.25, CPU-hours 5.5" in page
+    assert "Card-hours 5: " in page and "9000 s" in page and "the 2 GPUs" in page
+    assert "Card-hours not recorded" in "\n".join(compute_section(TRIALS, EPOCHS, no_system, {}, tmp_path)[0])
     assert "1 runs recorded no wall time or share" in page and "data:image/png" not in page
     csv = pd.read_csv(written[0]).set_index(RU.TRIAL_ID)
     assert csv[CO.GPU_HOURS].sum() == pytest.approx(GPU_HOURS) and csv.loc["a", CO.CPU_HOURS] == 4.0
 
     system = pd.DataFrame({"name": [R.SYSTEM_CPU] * 3 + [R.system_gpu(0, R.GPU_UTILISATION)] * 3,
                            "timestamp": [0, 10_000, 20_000] * 2, "value": [50.0, 90.0, 70.0, 100.0, 95.0, 0.0]})
-    parts, written = compute_section(TRIALS, EPOCHS, system, tmp_path)
+    parts, written = compute_section(TRIALS, EPOCHS, system, PARENT, tmp_path)
     assert written[-1] == tmp_path / "figures" / "utilisation.png" and written[-1].exists()
     assert sum("data:image/png" in p for p in parts) == 1 and html.escape(R.GPU_BUSY_LABEL) in "\n".join(parts)
 
@@ -90,6 +97,7 @@ def store(tmp_path_factory) -> dict:
             client.log_batch(parent, metrics=[Metric(name, v, 1_700_000_000_000 + 10_000 * i, i)
                                               for i, v in enumerate((20.0, 60.0, 40.0))
                                               for name in (R.SYSTEM_CPU, R.SYSTEM_RAM_MB)])
+        client.log_batch(parent, metrics=[Metric(name, v, 0, 0) for name, v in PARENT.items()])
         client.set_terminated(parent, "FINISHED")
         trial = client.create_run(exp, tags={R.TAG_PARENT: parent, R.TAG_ROLE: "trial", R.TAG_TRIAL_ID: "t0",
                                              R.TAG_STATUS: R.STATUS_OK}).info.run_id
@@ -121,7 +129,7 @@ def test_the_report_reads_costs_and_system_metrics_from_mlflow(store, tmp_path):
     assert (row[f"{R.TRAIN_SAMPLES_PER_S}_mean"], row[f"{R.EPOCH_S}_mean"]) == (200.0, 3.0)
     assert (row[R.WALL_S], row[CO.CPU_HOURS], row[CO.GPU_HOURS]) == (7.2, 0.002, 0.0)
     page = next(tmp_path.glob("report_*.html")).read_text()
-    assert "Sweep wall time 7 s" in page and "CPU-hours 0.002" in page
+    assert "Sweep wall time 7 s" in page and "CPU-hours 0.002" in page and "Card-hours 5: " in page
     assert (tmp_path / "figures" / "utilisation.png").exists()
 
 
@@ -129,5 +137,6 @@ def test_a_parent_run_without_system_metrics_has_no_utilisation_figure(store, tm
     sweep = RU.load_sweep(store["uri"], "pe-fusion", store["none"])
     points = RU.system_points(sweep, CO.utilisation_names(sweep.parent_metrics))
     assert points.empty
-    parts, written = compute_section(sweep.trials, RU.epoch_points(sweep, CO.SERIES), points, tmp_path)
+    parts, written = compute_section(sweep.trials, RU.epoch_points(sweep, CO.SERIES), points, sweep.parent_metrics,
+                                     tmp_path)
     assert written == [tmp_path / "compute_runs.csv"] and not any("data:image/png" in p for p in parts)

@@ -248,6 +248,11 @@ def test_every_epoch_of_a_run_records_its_cost_by_the_tests_own_count_and_clock(
     span = max(r.data.metrics[R.ENDED_AT] for r in runs) - min(r.data.metrics[R.STARTED_AT] for r in runs)
     assert sum(r.data.metrics[R.WALL_S] * 0.5 for r in runs) == pytest.approx(span * 1.0, rel=1e-3)
 
+    # the parent run's card time: the command's wall time, from before Ray's start, × the cluster's 1 logical GPU
+    held_s = client.get_run(result.parent_run_id).data.metrics
+    assert span < held_s[R.SWEEP_WALL_S] <= held and held_s[R.CLUSTER_GPUS] == 1.0
+    assert held_s[R.CARD_HOURS] == pytest.approx(held_s[R.SWEEP_WALL_S] / 3600)
+
     sweep = RU.load_sweep(resolve_tracking_uri(), "pe-fusion", result.parent_run_id)
     table = CO.compute_table(sweep.trials, RU.epoch_points(sweep, CO.SERIES)).set_index(RU.TRIAL_ID)
     for run in runs:

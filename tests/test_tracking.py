@@ -232,3 +232,18 @@ def test_the_parent_run_gets_gpu_system_metrics_where_nvidia_ml_py_is_importable
     assert _history(client, run_id, R.SYSTEM_CPU)
     out = capsys.readouterr().out
     assert f"MLflow system metrics: 2 GPU(s) on the parent run every 0.2 s; {R.GPU_BUSY_LABEL}\n" in out
+
+
+def test_the_card_time_of_an_interrupted_and_resumed_sweep_adds_up_on_its_parent_run(tmp_path):
+    """Each invocation adds its wall seconds, and their card time on the cluster's GPUs, to the parent run's: 120 s
+    on 2 GPUs, interrupted, then 60 s on 1 GPU: 180 s and (240 + 60) / 3600 card-hours, the last cluster's GPUs."""
+    uri, path = f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "sweep")
+    first = SweepRecorder(uri, "pe-fusion", "arxiv_grid", path)
+    first.log_card_time(120.0, 2.0)
+    first.interrupt_sweep()
+    resumed = SweepRecorder(uri, "pe-fusion", "arxiv_grid", path)
+    resumed.log_card_time(60.0, 1.0)
+    resumed.finish_sweep({"n_trials": 0})
+    metrics = MlflowClient(uri).get_run(first.parent_run_id).data.metrics
+    assert (metrics[R.SWEEP_WALL_S], metrics[R.CLUSTER_GPUS]) == (180.0, 1.0)
+    assert metrics[R.CARD_HOURS] == pytest.approx(300.0 / 3600)

@@ -1,15 +1,17 @@
 """What a sweep cost: per run its training speed, epoch time and peak memory, where it ran and its share of the
-resources; for the sweep its wall time, GPU-hours and CPU-hours.
+resources; for the sweep its wall time, GPU-hours and CPU-hours, and the card-hours it held.
 
 Pure functions over the trial frame of pefusion.analysis.runs (final values, params) and the runs' per-epoch
 points (`runs.epoch_points`). A run's hours are its wall seconds over every process that ran it (`wall_s`:
 retries and resumes each counted once, up to their last checkpoint) times the share of the trial's GPUs or CPUs
-it was given (a stacked trial's runs split them, so the sum counts each trial once), over 3600.
+it was given (a stacked trial's runs split them, so the sum counts each trial once), over 3600. The card-hours
+are what renting the cluster cost, busy or not: the sweep command's wall time times its cluster's GPUs, as its
+parent run recorded them (`record.CARD_HOURS`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection
+from typing import Collection, Mapping
 
 import pandas as pd
 
@@ -60,17 +62,25 @@ class Totals:
     cpu_hours: float  # the same with cpu_share
     unpriced: int  # runs of the table without a wall time or a share: left out of the hours
     devices: tuple[str, ...]  # the device names the runs name
+    # What the sweep held, from its parent run (nan where it recorded none): the command's wall seconds, Ray's start
+    # and the probe included; the cluster's GPUs; their product / 3600, summed over invocations.
+    sweep_wall_s: float
+    cluster_gpus: float
+    card_hours: float
 
 
-def totals(trials: pd.DataFrame, table: pd.DataFrame) -> Totals:
-    """The sweep's wall time from `trials` (the runs' started_at and ended_at) and its hours from `table`
-    (compute_table)."""
+def totals(trials: pd.DataFrame, table: pd.DataFrame, parent_metrics: Mapping[str, float]) -> Totals:
+    """The sweep's wall time from `trials` (the runs' started_at and ended_at), its hours from `table`
+    (compute_table), and the card time it held from its parent run's metrics."""
     start, end = column(trials, R.STARTED_AT).min(), column(trials, R.ENDED_AT).max()
     priced = table[[R.WALL_S, GPU_HOURS, CPU_HOURS]].notna().all(axis=1) if len(table) else pd.Series(dtype=bool)
     names = column(table, R.DEVICE_NAME).dropna().astype(str)
     return Totals(runs=len(table), wall_s=float(end - start), gpu_hours=float(table.loc[priced, GPU_HOURS].sum()),
                   cpu_hours=float(table.loc[priced, CPU_HOURS].sum()), unpriced=int((~priced).sum()),
-                  devices=tuple(dict.fromkeys(names)))
+                  devices=tuple(dict.fromkeys(names)),
+                  **{k: float(parent_metrics.get(name, float("nan"))) for k, name in (
+                      ("sweep_wall_s", R.SWEEP_WALL_S), ("cluster_gpus", R.CLUSTER_GPUS),
+                      ("card_hours", R.CARD_HOURS))})
 
 
 def utilisation_names(names: Collection[str]) -> list[str]:

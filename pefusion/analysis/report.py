@@ -323,23 +323,29 @@ def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None, al
 
 
 def compute_line(totals: CO.Totals) -> str:
-    """The sweep's cost in one line: its runs and devices, wall time, GPU-hours and CPU-hours, and how they are
-    counted."""
+    """The sweep's cost in one line: its runs and devices, wall time, GPU-hours and CPU-hours (Σ wall × share),
+    the card-hours it held (its wall time × its cluster's GPUs), and how each is counted."""
     wall = "not recorded" if pd.isna(totals.wall_s) else \
         f"{totals.wall_s:.0f} s ({totals.wall_s / 3600:.3g} h)"
     unpriced = f" {totals.unpriced} runs recorded no wall time or share and are left out of the hours." \
         if totals.unpriced else ""
+    held = "Card-hours not recorded (a sweep that did not finish, or from before they were)." \
+        if pd.isna(totals.card_hours) else \
+        (f"Card-hours {totals.card_hours:.3g}: what renting the cluster cost, busy or not: the sweep command's wall "
+         f"time, {totals.sweep_wall_s:.0f} s (Ray's start and the GPU probe included), × the {totals.cluster_gpus:g} "
+         f"GPUs its Ray cluster had.")
     return (f"{totals.runs} runs on {', '.join(totals.devices) or 'devices not recorded'}. Sweep wall time {wall}, "
             f"from the first run's start to the last run's end (the trials' own clocks). GPU-hours "
             f"{totals.gpu_hours:.3g}, CPU-hours {totals.cpu_hours:.3g}: the sum over runs of wall × share ÷ 3600, "
             f"a run's wall summed over the processes that ran it (retries and resumes), its share the part of its "
-            f"trial's GPUs or CPUs Ray gave it.{unpriced}")
+            f"trial's GPUs or CPUs Ray gave it: the time the trials were given.{unpriced} {held}")
 
 
 def compute_section(trials: pd.DataFrame, epochs: pd.DataFrame, system: pd.DataFrame,
-                    out: Path) -> tuple[list[str], list[Path]]:
+                    parent_metrics: Mapping[str, float], out: Path) -> tuple[list[str], list[Path]]:
     """The compute section and its files: per run its speed, epoch time, peak memory, where it ran and its hours
-    (compute_runs.csv; `epochs`: runs.epoch_points of compute.SERIES), the sweep's totals, and the machine's
+    (compute_runs.csv; `epochs`: runs.epoch_points of compute.SERIES), the sweep's totals (with the card time its
+    parent run recorded, `parent_metrics`), and the machine's
     utilisation over the sweep when its parent run has system metrics (`system`: runs.system_points). Nothing
     when the runs recorded no cost and there are no system metrics."""
     table = CO.compute_table(trials, epochs)
@@ -349,7 +355,7 @@ def compute_section(trials: pd.DataFrame, epochs: pd.DataFrame, system: pd.DataF
     parts, written = ["<h2>Compute</h2>"], []
     if len(table):
         written.append(FM.write_csv(table, out / "compute_runs.csv"))
-        parts.append(f"<p><b>{html.escape(compute_line(CO.totals(trials, table)))}</b></p>")
+        parts.append(f"<p><b>{html.escape(compute_line(CO.totals(trials, table, parent_metrics)))}</b></p>")
         named = len(table.columns.intersection(SE.varied_keys(trials)))
         parts.append(_table_html(FM.display(table, drop=(RU.TRIAL_ID,) if named else ()),
                                  "Per run: training samples and tokens per second and the epoch's seconds "
@@ -482,7 +488,8 @@ def build_report(sweep: RU.Sweep, out: str | Path = "results", baseline: str = "
     else:
         parts, written = _search_sections(sweep, out)
     costs, files = compute_section(sweep.trials, RU.epoch_points(sweep, CO.SERIES),
-                                   RU.system_points(sweep, CO.utilisation_names(sweep.parent_metrics)), out)
+                                   RU.system_points(sweep, CO.utilisation_names(sweep.parent_metrics)),
+                                   sweep.parent_metrics, out)
     parts, written = parts + costs, written + files
     remarks = notes(sweep)
     page = [

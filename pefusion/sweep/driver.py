@@ -23,6 +23,7 @@ unreachable tracking server (`SweepRecorder.later`).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from pefusion.sweep.progress import Progress
 from pefusion.sweep.settle import SettledSweep, settle
 from pefusion.sweep.space import grid_size
 from pefusion.sweep.study import StudySweep, varying_keys
-from pefusion.sweep.tuner import run_tune, start_cluster
+from pefusion.sweep.tuner import cluster_gpus, run_tune, start_cluster
 from pefusion.tracking.callbacks import MLflowRuns
 from pefusion.tracking.recorder import SweepRecorder
 from pefusion.tracking.store import TrackingError
@@ -57,7 +58,10 @@ class SweepResult:
 
 
 def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "results") -> SweepResult:
-    """Run (or with `opts.resume` continue) one sweep and write its results; see the module docstring."""
+    """Run (or with `opts.resume` continue) one sweep and write its results; see the module docstring. Its parent
+    run gets the card time the sweep held: from here (the GPU probe and Ray's start included) to its end, times the
+    cluster's GPUs (`SweepRecorder.log_card_time`)."""
+    start = time.monotonic()
     settled = settle(study, opts)
     study, opts = settled.study, settled.opts
     shipped = study.ship()
@@ -106,7 +110,9 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
     result = SweepResult(rows, experiment_path=settled.path, parent_run_id=recorder.parent_run_id)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    gpus = cluster_gpus()
     if outcomes.interrupted:
+        recorder.log_card_time(time.monotonic() - start, gpus)
         _interrupted(result, out / f"{result.name}_{study.results_file}.csv", settled, recorder, outcomes)
     tables = {study.results_file: rows, **study.tables(rows)}
     for key, table in tables.items():
@@ -114,6 +120,7 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
         study.csv(table).to_csv(path, index=False)
         result.paths.append(path)
     recorder.log_parent_artifacts(result.paths)
+    recorder.log_card_time(time.monotonic() - start, gpus)
     n_failed = int((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum()) if R.STATUS in rows else len(rows)
     recorder.finish_sweep({"n_trials": len(rows), "n_failed": n_failed, **study.parent_metrics(rows)})
     return result

@@ -66,6 +66,11 @@ def start_ray(opts: SweepOptions) -> str:
     return url
 
 
+def cluster_gpus() -> float:
+    """The GPUs of the running Ray cluster's live nodes."""
+    return float(sum(n.get("Resources", {}).get("GPU", 0.0) for n in ray.nodes() if n.get("Alive")))
+
+
 def start_cluster(opts: SweepOptions) -> None:
     """Ray for the sweep: the tracking client imported while Ray starts or joins `--address`, and the cluster
     checked for a node that holds one trial's request (a ConfigError; the cluster this stopped, if it started it).

@@ -307,6 +307,14 @@ class SweepRecorder:
     def log_parent_artifacts(self, paths: Iterable[Path], artifact_path: str = R.ARTIFACT_RESULTS_DIR) -> None:
         log_artifacts_to_run(self.uri, self.parent_run_id, paths, artifact_path)
 
+    def log_card_time(self, wall_s: float, gpus: float) -> None:
+        """Add this invocation's wall seconds, and the card time of the cluster's `gpus` over them, to what the
+        parent run holds (an earlier, interrupted invocation's): SWEEP_WALL_S, CARD_HOURS, CLUSTER_GPUS."""
+        before = self.client.get_run(self.parent_run_id).data.metrics
+        self._log_metrics(self.parent_run_id, {R.SWEEP_WALL_S: before.get(R.SWEEP_WALL_S, 0.0) + wall_s,
+                                               R.CARD_HOURS: before.get(R.CARD_HOURS, 0.0) + wall_s * gpus / 3600,
+                                               R.CLUSTER_GPUS: gpus})
+
     def finish_sweep(self, metrics: Mapping[str, Any]) -> None:
         """The parent run FINISHED with the sweep's counts (only once every trial has finished)."""
         self._stop_system_metrics()
