@@ -1,0 +1,105 @@
+"""`python scripts/gpu_check.py`: does everything the project trains run on this machine's card?
+
+Every model case of the PE-fusion study (`pefusion.fusion.check`: each PE × fusion pair at the two paper presets'
+sizes and the `text` preset's options, each precision, separate and as S = 2 stacked seeds), then a grid sweep of
+two runs through Ray and MLflow (`--preset demo --seeds 0,1 --epochs 1`, the `auto` GPU probe and every other flag at
+its default), in a temporary folder that is removed after. One line per case, `ok` or the error's last line, and
+exit code 1 when any failed. With `--device cpu` the same cases run shrunk (`--smoke` sizes) and the sweep sees no
+GPU: a check that the command itself works, run by the test suite.
+
+This module may import both the study and the sweep's command line; the study's cases know nothing of sweeps.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+import pefusion
+from pefusion import record as R
+from pefusion.errors import ConfigError
+from pefusion.fusion.check import cases, run_cases
+from pefusion.fusion.device import device_name
+
+# Two runs of the demo grid: the model cases cover every pair already; the sweep checks Ray, MLflow, the GPU probe
+# and stacking's default on the card.
+SWEEP_ARGS = ("--preset", "demo", "--pe-types", "sinusoidal", "--fusions", "add", "--seeds", "0,1", "--epochs", "1",
+              "--no-dashboard")  # the bundle of a bare GPU box leaves out Ray's dashboard
+SWEEP_TIMEOUT_S = 600
+SWEEP_NAME = "sweep      demo sinusoidal+add seeds 0,1, 1 epoch, Ray + MLflow"
+# What a card run must show, besides every line ok (printed on a GPU).
+ON_A_CARD = """\
+A card passes when every line above says ok and the command exits 0 within 180 s on one H200; then, in one
+`python scripts/bench_gpu.py --fusions add --packing 1 --stacked 0 --json-out gpu.jsonl` run, its train lines
+(bucketed) must show arxiv's auto train_samples_per_s >= 5x fp32's, and agnews_imdb's auto steady state (train_
+samples_per_s, after first_epoch_s) within 5 % of what the memory-efficient kernel gave on the same card."""
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:2]))
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cuda (the default): the paper's sizes on the card; cpu: the same cases shrunk, and a "
+                         "sweep that sees no GPU (about a minute)")
+    return ap.parse_args(argv)
+
+
+def sweep_check(device: str) -> str:
+    """Run the two-run sweep in a fresh process and a temporary folder (its MLflow store, Ray results and CSVs
+    there): 'ok' when it exits 0 and every run of its results CSV is ok, else the last line it wrote."""
+    code = "from pefusion.cli.commands import grid_main; from pefusion.cli.flags import run_main; run_main(grid_main)"
+    root = str(Path(pefusion.__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # the folder's store, not a server
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # nothing of the check on the card
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as folder:
+        try:
+            proc = subprocess.run([sys.executable, "-c", code, *SWEEP_ARGS], cwd=folder, env=env, text=True,
+                                  capture_output=True, timeout=SWEEP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return f"timed out after {SWEEP_TIMEOUT_S} s"
+        lines = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+        if proc.returncode != 0:
+            return f"exit code {proc.returncode}: {lines[-1] if lines else 'no output'}"
+        rows = [row for path in Path(folder, "results").glob("*_results_by_seed.csv")
+                for row in csv.DictReader(path.open())]
+        statuses = sorted(row[R.STATUS] for row in rows)
+        if statuses != [R.STATUS_OK, R.STATUS_OK]:
+            return f"runs ended {statuses or 'without a results CSV'}, not [ok, ok]"
+    return "ok"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible; on a machine without a card use --device cpu")
+    device, tiny = torch.device(args.device), args.device == "cpu"
+    if tiny:
+        torch.set_num_threads(1)  # models of --smoke size gain nothing from more threads
+    todo = cases(device)
+    print(f"gpu_check on {device_name(device)}, torch {torch.__version__}: {len(todo)} model cases"
+          f"{' (shrunk)' if tiny else ''}, then a sweep", flush=True)
+    start, failed = time.monotonic(), 0
+    for case, outcome, _ in run_cases(device, tiny):
+        failed += outcome != "ok"
+        print(f"{case.name}  {outcome}", flush=True)
+    cases_s = time.monotonic() - start
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the sweep's trials share the card with this process
+    outcome = sweep_check(args.device)
+    failed += outcome != "ok"
+    print(f"{SWEEP_NAME}  {outcome}", flush=True)
+    print(f"{failed} of {len(todo) + 1} failed; {time.monotonic() - start:.0f} s (cases {cases_s:.0f} s)", flush=True)
+    if device.type == "cuda":
+        print(ON_A_CARD)
+    return 1 if failed else 0

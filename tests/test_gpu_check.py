@@ -1,0 +1,62 @@
+"""`scripts/gpu_check.py`: which cases it runs (every PE × fusion pair the config allows, counted here from the
+rules as the spec states them), that a failing case is one line with its error's last line and a non-zero exit, and
+the command itself on a CPU, end to end with its sweep, so that it cannot rot on machines without a GPU."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, subprocess_env
+from pefusion.cli import gpu_check
+from pefusion.fusion import check
+
+PAPER_PES, INPUT_FUSIONS = ("sinusoidal", "learned", "rope", "relative"), (
+    "add", "mul", "concat", "gate_scalar", "gate_vector", "gate_cnn", "mlp", "mlp_gate")
+# The spec's rules by hand: input PEs with every input fusion; no PE with every input fusion but mul (P = 0) and
+# with none; rotary and alibi with none only.
+ALLOWED = {(pe, f) for pe in PAPER_PES for f in INPUT_FUSIONS} | \
+          {("none", f) for f in INPUT_FUSIONS if f != "mul"} | {("none", "none"), ("rotary", "none"), ("alibi", "none")}
+
+
+def test_the_cases_are_every_allowed_pair_at_the_paper_sizes_and_every_pe_and_fusion_at_the_text_preset(monkeypatch):
+    monkeypatch.setattr(check, "bf16_supported", lambda device: True)  # a bf16 card
+    on_a_card = check.cases(torch.device("cuda"))
+    for size in ("arxiv", "agnews_imdb"):
+        mine = [(c.pe_type, c.fusion, c.precision, c.stacked) for c in on_a_card if c.size == size]
+        assert sorted(mine) == sorted((pe, f, p, s) for pe, f in ALLOWED for p in ("auto", "fp32")
+                                      for s in (False, True))
+    text = [c for c in on_a_card if c.size == "text"]
+    assert {c.pe_type for c in text} == {pe for pe, _ in ALLOWED} and {c.fusion for c in text} == {f for _, f in ALLOWED}
+    assert {(c.pe_type, c.fusion) for c in text} <= ALLOWED
+    # on a CPU auto is fp32: the fp32 cases would run the same computation again
+    assert {c.precision for c in check.cases(torch.device("cpu"))} == {"auto"}
+
+
+def test_a_failing_case_is_its_errors_last_line_and_the_exit_code_is_1(monkeypatch, capsys):
+    def run_case(case, preset, corpus, device):
+        if case.stacked and case.pe_type == "alibi":
+            raise RuntimeError("Traceback (most recent call last):\n  ...\nLSE is not correctly aligned (strideH)")
+
+    monkeypatch.setattr(check, "run_case", run_case)
+    monkeypatch.setattr(gpu_check, "sweep_check", lambda device: "ok")
+    assert gpu_check.main(["--device", "cpu"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    bad = [line for line in lines if not line.endswith("  ok")]
+    assert bad[0].startswith("gpu_check on ") and bad[-1].startswith("3 of 197 failed")
+    assert len(bad) == 5 and all("alibi+none" in line and "stacked" in line and line.endswith(
+        "  RuntimeError: LSE is not correctly aligned (strideH)") for line in bad[1:4])
+
+
+@pytest.mark.subprocess_ray
+def test_gpu_check_on_a_cpu_runs_every_case_and_a_sweep_through_ray_and_mlflow(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--device", "cpu"],
+                          capture_output=True, text=True, cwd=tmp_path, env=subprocess_env(), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    n = len(check.cases(torch.device("cpu")))
+    assert len(lines) == n + 3 and all(line.endswith("  ok") for line in lines[1:-1])
+    assert lines[-2].startswith("sweep ") and lines[-1].startswith(f"0 of {n + 1} failed")
+    assert list(tmp_path.iterdir()) == []  # the sweep ran in a folder of its own, removed after
