@@ -17,7 +17,8 @@ same documents. One JSON line per configuration, on stdout and in --json-out:
 
 - `corpus`, one per model: the length distribution (`length_dist`), every document's length in words before
   truncation (`doc_words`), `max_len`, `mean_tokens` (tokens kept per document) and `truncated_fraction`.
-- `train`, per model × fusion × precision × batching: `bucketed` batches are those training runs
+- `train`, per model × fusion × precision × batching × `--attention` (`attention`: `policy`, a trial's kernels,
+  or `efficient`, cuDNN's attention off): `bucketed` batches are those training runs
   (`iter_batches`: documents of similar length together, padded to the longest of the batch); `padded` batches
   are random documents padded to max_len (the paper notebook's batches). The first epoch, timed as a trial's first
   epoch runs (every shape new: kernels planned per shape, the CUDA context and handles): `first_epoch_s`,
@@ -119,6 +120,7 @@ LENGTHS = {
 }
 NUM_CLASSES = {"arxiv": 11, "agnews_imdb": 2}
 BATCHINGS = ("bucketed", "padded")
+ATTENTIONS = ("policy", "efficient")  # a train line's kernels: the trial's policy, or cuDNN's attention off
 INPUT_FUSIONS = tuple(f for f in FUSIONS if f != "none")  # the preset's PE is fused at the input
 
 # Profiler op names of the attention kernels -> the names the lines use.
@@ -326,14 +328,18 @@ def warm_up(plan: Plan, trainer: Trainer, batching: str) -> dict[str, int]:
     return attention_kernels(prof)
 
 
-def measure_train(plan: Plan, model: str, fusion: str, precision: str, batching: str,
+def measure_train(plan: Plan, model: str, fusion: str, precision: str, batching: str, attention: str,
                   corpus: EncodedCorpus) -> dict[str, Any]:
-    """One `train` line: warm-up, one timed epoch, memory, kernels, latency (see the module docstring)."""
+    """One `train` line: the first epoch, warm-up, one timed steady epoch, memory, kernels, latency (see the module
+    docstring). `attention`: the trial's policy, or `efficient` (cuDNN's attention off, the policy before it was
+    allowed where widths are few), to compare the two in one run."""
     device = torch.device(plan.device)
     trainer = build(plan, model, fusion, precision, corpus)
+    if attention == "efficient" and device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)  # until the next configuration's trainer sets its policy
     split, cfg, max_len = corpus.train, trainer.train_cfg, trainer.model_cfg.max_len
     multiple = trainer.placement.pad_multiple
-    line = {"bench": "train", **describe(plan, model, trainer), "batching": batching}
+    line = {"bench": "train", **describe(plan, model, trainer), "batching": batching, "attention": attention}
     pad_share, unpadded = padding(split, batch_indices(split, cfg.batch_size, batching, train=True, seed=plan.seed,
                                                        epoch=1, pad_multiple=multiple, max_len=max_len),
                                   batching, max_len, multiple)
@@ -607,6 +613,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="from auto (a trial's default: bf16 on a GPU that has it, else fp32), fp32, tf32, bf16 "
                          "(default: auto,fp32; with --tiny auto,bf16)")
     ap.add_argument("--batchings", type=csv_list(), default=list(BATCHINGS), help="bucketed (training's), padded")
+    ap.add_argument("--attention", type=csv_list(), default=["policy"],
+                    help="train lines' attention kernels: policy (a trial's), efficient (cuDNN's attention off: "
+                         "the memory-efficient kernel), e.g. policy,efficient to compare them in one run")
     ap.add_argument("--packing", type=csv_list(int), help="processes at once, K (default 1,2,4,8)")
     ap.add_argument("--packing-fusions", type=csv_list(),
                     help="fusions measured packed (default: add; the fusion is a small part of a step)")
@@ -638,7 +647,8 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, values, allowed in (("--models", args.models, tuple(LENGTHS)), ("--fusions", args.fusions, INPUT_FUSIONS),
                                   ("--packing-fusions", args.packing_fusions, INPUT_FUSIONS),
                                   ("--precisions", args.precisions, PRECISIONS),
-                                  ("--batchings", args.batchings, BATCHINGS)):
+                                  ("--batchings", args.batchings, BATCHINGS),
+                                  ("--attention", args.attention, ATTENTIONS)):
         bad = [v for v in values if v not in allowed]
         if bad or not values:
             raise ConfigError(f"{flag} {','.join(bad) or '(empty)'} is not allowed; choose from {', '.join(allowed)}")
@@ -672,8 +682,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             emit(corpus_line(plan, model, corpus), out)
             for fusion in args.fusions:
                 for precision in args.precisions:
-                    for batching in args.batchings:
-                        emit(measure_train(plan, model, fusion, precision, batching, corpus), out)
+                    for batching, attention in itertools.product(args.batchings, args.attention):
+                        emit(measure_train(plan, model, fusion, precision, batching, attention, corpus), out)
             for precision in args.precisions:
                 for variant in SHAPE_VARIANTS if args.shapes else ():
                     emit(measure_shapes(plan, model, precision, variant, args.shapes, corpus), out)

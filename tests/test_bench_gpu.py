@@ -116,6 +116,7 @@ def test_one_line_per_configuration_on_stdout_and_in_the_file(tiny_run):
     lines, file_lines, _ = tiny_run
     assert [json.loads(line) for line in file_lines] == lines
     assert [c["model"] for c in _by_bench(lines, "corpus")] == list(TINY["models"])
+    assert {t["attention"] for t in _by_bench(lines, "train")} == {"policy"}  # the default
     train = {(t["model"], t["fusion"], t["precision"], t["batching"]) for t in _by_bench(lines, "train")}
     assert train == set(itertools.product(TINY["models"], TINY["fusions"], TINY["precisions"], TINY["batchings"]))
     assert len(_by_bench(lines, "train")) == len(train)
