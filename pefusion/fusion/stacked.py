@@ -161,7 +161,8 @@ class StackedTrainer:
         for t in trainers:
             t.model.train()
         orders = [batch_order(t.corpus.train.lengths, t.train_cfg.batch_size, shuffle=True, seed=t.train_cfg.seed,
-                              epoch=t.epoch) for t in trainers]
+                              epoch=t.epoch, pad_multiple=t.placement.pad_multiple, max_width=t.model_cfg.max_len)
+                  for t in trainers]
         for i, indices in enumerate(zip(*orders)):
             if self.lead.scheduled:
                 self.lead.set_lr(self.optimizer, i)
