@@ -1,4 +1,4 @@
-"""GPU training benchmark (issue 12): samples/s, tokens/s, peak memory, fp32 vs bf16, the attention kernel, latency
+"""GPU training benchmark: samples/s, tokens/s, peak memory, fp32 vs bf16, the attention kernel, latency
 and K trials packed on one GPU, for the arxiv and agnews_imdb models and each fusion; one JSON line per
 configuration. Needs torch and this package only. The benchmark lives in benchmarks/gpu.py; `--help` says what
 each line holds.

@@ -6,7 +6,7 @@ Every choice is a pure function of the device's kind, what it supports and the b
 devices; `place` makes them for one process and applies them there (`configure`). On a CPU nothing changes: fp32,
 unpadded batches, PyTorch's kernels plus pefusion's CPU dropout kernel, as the CPU numbers were always computed.
 
-Why these choices on a GPU (the measurements, from `scripts/bench_gpu.py`, are in README's GPU section):
+Why these choices on a GPU (docs/gpus.md; the measurements, from `scripts/bench_gpu.py`, in docs/benchmarks.md):
 - bf16 autocast by default: fp32 matrix products run without TF32 (PyTorch's "highest"), and fp32 attention can
   only use the memory-efficient kernel; the paper's models trained several times faster in bf16.
 - Batch widths rounded up to a multiple of 64: length-bucketed batches have hundreds of distinct widths, and a

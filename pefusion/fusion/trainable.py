@@ -1,10 +1,10 @@
 """The PE-fusion study's Ray Tune trainable, the files of its checkpoints, and the check every trial config passes.
 
-The trainable follows Ray Tune's own examples: build (model from the trial config), restore
-(`tune.get_checkpoint()`), step (one epoch), report (`tune.report(metrics, checkpoint=...)`), and a final report
-carrying the SPEC §3 record. The tokenised corpora, one per distinct tokeniser setting of the search space, arrive
-once per node through the object store (`tune.with_parameters`), never re-read per trial; their arrays are read
-in place from shared memory, so a trial touches only the corpus of its own setting.
+The trainable follows Ray Tune's own examples: build (model from the trial config), restore (`tune.get_checkpoint()`),
+step (one epoch), report (`tune.report(metrics, checkpoint=...)`), and a final report carrying the trial's record
+(docs/operations.md). The tokenised corpora, one per distinct tokeniser setting of the search space, arrive once per
+node through the object store (`tune.with_parameters`), never re-read per trial; their arrays are read in place from
+shared memory, so a trial touches only the corpus of its own setting.
 """
 from __future__ import annotations
 
