@@ -103,7 +103,8 @@ def store(tmp_path_factory) -> dict:
                                              R.TAG_STATUS: R.STATUS_OK}).info.run_id
         epochs = [Metric(name, v, 0, step) for step, (rate, secs) in enumerate(((100.0, 2.0), (300.0, 4.0)), 1)
                   for name, v in ((R.TRAIN_SAMPLES_PER_S, rate), (R.EPOCH_S, secs), (R.WALL_S, 3.0 * step))]
-        final = [Metric(name, v, 0, 0) for name, v in ((R.TEST_ACC, 0.5), (R.EPOCHS_RUN, 2), (R.STARTED_AT, 100.0),
+        final = [Metric(name, v, 0, 0) for name, v in ((R.TEST_ACC, 0.5), (R.BEST_VAL_ACC, 0.5), (R.EPOCHS_RUN, 2),
+                                                       (R.STARTED_AT, 100.0),
                                                        (R.ENDED_AT, 107.2))]
         params = [Param(k, str(v)) for k, v in ((R.DATASET, "synthetic"), (R.PE_TYPE, "rope"), (R.FUSION, "add"),
                                                 (R.SEED, 0), (R.DEVICE_NAME, CPU), (R.GPU_SHARE, 0.0),
