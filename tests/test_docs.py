@@ -45,3 +45,39 @@ def test_the_readmes_links_into_docs_resolve(site):
             page = Path(target).relative_to("docs").with_suffix("")
             html = site / ("index.html" if page.name == "index" else page / "index.html")
             assert f'id="{anchor}"' in html.read_text(), f"{target}#{anchor}: no such heading"
+
+
+# What a reader of the repository cannot follow: a citation of a specification that is not in it, a path beside the
+# clone, the number of a ticket in someone's tracker, or words about who measured and which session had a machine.
+# A measurement says what was run, on what, and when; a fact is stated where it is used or in docs/.
+OUTSIDE = {
+    "a citation of a specification outside the repository": re.compile(r"\bSPEC\b"),
+    "a path beside the clone": re.compile(r"(\.\.|/work)/shared"),
+    "a ticket number": re.compile(r"\b[Ii]ssues? ?#?\d+|\bPR ?#\d+"),
+    "who measured, or which session had a machine": re.compile(r"\blent\b|\bGPU session\b|\bsession that\b"),
+}
+SCANNED = ("README.md", "mkdocs.yml", "pyproject.toml", ".ci/run", "docs", "pefusion", "sweeps", "scripts",
+           "benchmarks", "tests")
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ""}
+
+
+def _scanned_files() -> list[Path]:
+    files = []
+    for name in SCANNED:
+        path = REPO / name
+        files += [path] if path.is_file() else [p for p in sorted(path.rglob("*")) if p.is_file()
+                                                 and p.suffix in TEXT_SUFFIXES and "__pycache__" not in p.parts]
+    return files
+
+
+def test_nothing_points_outside_the_repository():
+    """README, docs/ and the code (library, command lines, benchmarks, tests) hold no reference a reader of the
+    repository cannot follow; each hit is listed as file:line."""
+    files = _scanned_files()
+    assert any(p.name == "theory.md" for p in files) and any(p.suffix == ".py" for p in files)
+    hits = []
+    for path in files:
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+            hits += [f"{path.relative_to(REPO)}:{number}: {what}: {line.strip()[:100]}"
+                     for what, pattern in OUTSIDE.items() if pattern.search(line)]
+    assert not hits, "\n".join(hits)

@@ -42,8 +42,8 @@ def value_range(flag: str, text: str) -> list[float]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = _Parser(description="The d -> infinity prediction of the student attention model (SPEC §11): the fixed "
-                             "point on the semantic and positional branches, and alpha_c(omega).")
+    ap = _Parser(description="The d -> infinity prediction of the student attention model (docs/theory.md): the "
+                             "fixed point on the semantic and positional branches, and alpha_c(omega).")
     ap.add_argument("--omega", type=float, default=0.3, help="positional weight of the teacher (default 0.3)")
     ap.add_argument("--omegas", help="several omegas for the phase boundary with --alpha-c, e.g. 0:0.4:0.05")
     ap.add_argument("--sigma", type=float, default=0.5, help="token standard deviation (default 0.5)")

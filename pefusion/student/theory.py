@@ -1,4 +1,4 @@
-"""Study B's d → ∞ prediction: the replica fixed point of SPEC §11, its test error ε_g, free energy Φ and α_c(ω).
+"""Study B's d → ∞ prediction: the replica fixed point of docs/theory.md, its test error ε_g, free energy Φ and α_c(ω).
 
 Owns the proximal step, the hat and prior updates, the quadrature of the hats, the fixed point of each branch
 followed by continuation in α from an anchor, ε_g and Φ there, the root α_c(ω) of Φ_semantic − Φ_positional,
@@ -6,7 +6,7 @@ and a small on-disk cache of computed points, so that the reports can put the th
 without recomputing it.
 
 Order parameters (L = 2, r = 1, ρ = σ²): q = σ²‖Q‖²/d, m = 1ᵀQ/d, θ = σ² Q·Q*/d, V. Note θ here carries the σ²
-of SPEC §11: the simulations' θ = |Q*ᵀQ|/d is θ/σ² (`simulation_theta`).
+of docs/theory.md: the simulations' θ = |Q*ᵀQ|/d is θ/σ² (`simulation_theta`).
 
 Why it looks as it does.
 
@@ -17,7 +17,7 @@ the central stationary point is still a minimum the flip is a steep but continuo
 hats' integrands are discontinuous there, and where the switch sits depends on the state. A fixed tensor rule in
 (ξ₁, ξ₂, y₁, y₂) samples the jump unevenly (on the semantic branch, m = 0, a quarter of a 12-node rule's mass lies
 on ξ₁ = ξ₂ itself) and cannot see the switch move with the state: its map is a staircase, on which the damped
-iteration cycles (no fixed point) or stops on a step (a jagged curve, ε_g off: README's student theory section
+iteration cycles (no fixed point) or stops on a step (a jagged curve, ε_g off: docs/theory.md
 has the numbers). So the expectations are taken in (ζ, η, y₁, y₂): a tensor Gauss–Hermite rule in (η, y₁, y₂)
 and, on each of its lines, the switch ζ* located by bisection on the sign of p₁ − p₂ (proximal steps from (0, 0))
 and a Gauss rule for the normal density on each side of it (`normal_gauss_rules`). The integrand is smooth on each
@@ -31,11 +31,11 @@ at its symmetric value (semantic with a symmetric teacher A: m = 0, tokens 1 ↔
 Each branch is followed by continuation in α from an anchor, over a fixed lattice (α = 2 ± 0.05 k): a point is
 solved from the lattice point before it (towards the anchor), predicted by the quadratic through the last three,
 so its value does not depend on which other points were asked for (to the solver's tolerance: points solved in
-one batch share vectorised arithmetic), and a curve never jumps between branches. The anchor is α = 2 (SPEC §11's
-anchors), or where the branch does not reach it the first of α = 1, 0.5, 4 where it is found: there SPEC's damped
-iteration on a 4-D tensor Gauss–Hermite rule brings the branch's starting point to within 1e-3, then Newton
-finishes on the split rule. Where the continuation leaves a branch (its coordinate, θ or m, falls to 0), the
-branch has ended: that point and those beyond it are reported as such.
+one batch share vectorised arithmetic), and a curve never jumps between branches. The anchor is α = 2 (the
+anchors of docs/theory.md), or where the branch does not reach it the first of α = 1, 0.5, 4 where it is found:
+there the documented damped iteration on a 4-D tensor Gauss–Hermite rule brings the branch's starting point to within
+1e-3, then Newton finishes on the split rule. Where the continuation leaves a branch (its coordinate, θ or m, falls to
+0), the branch has ended: that point and those beyond it are reported as such.
 
 Every proximal step, at every node of every point, is solved at once, as (P, N) tensors, by a damped Newton
 iteration: the Hessian is shifted to be positive definite and each step backtracks until the objective decreases
@@ -58,7 +58,7 @@ from scipy.optimize import brentq
 from pefusion.errors import ConfigError, check_choice, check_positive
 from pefusion.student.config import ALPHA_C_PUBLISHED, TEACHER_A
 
-# SPEC §11's starting points, (q, m, θ, V) per branch.
+# docs/theory.md's starting points, (q, m, θ, V) per branch.
 BRANCH_START = {"semantic": (0.9068, 2e-4, 0.3472, 14.575), "positional": (0.0207, 0.2, 0.0, 14.575)}
 BRANCHES = tuple(BRANCH_START)
 ORDER = ("q", "m", "theta", "V")  # the state vector's rows
@@ -72,16 +72,16 @@ COLUMNS = ("alpha", "branch", "q", "m", "theta", "V", "eps_g", "phi", "iteration
 # alone by the damped iteration on a 4-D tensor rule; 2: the switch-split rule, Newton and continuation.
 THEORY_VERSION = 2
 
-DEFAULT_NODES = 12  # Gauss–Hermite nodes per axis of the (η, y₁, y₂) rule (README: doubling moves ε_g < 0.3 %)
+DEFAULT_NODES = 12  # Gauss–Hermite nodes per axis of the (η, y₁, y₂) rule (docs/theory.md: doubling moves ε_g < 0.3 %)
 DEFAULT_ZETA_NODES = 8  # Gauss nodes along ζ on each side of the switch
-DEFAULT_DAMPING = 0.8  # the anchor's approach: x <- damping·x + (1 − damping)·F(x), SPEC §11's 0.8 x + 0.2 F(x)
+DEFAULT_DAMPING = 0.8  # the anchor's approach: x <- damping·x + (1 − damping)·F(x), docs/theory.md's 0.8 x + 0.2 F(x)
 # On |F(x) − x| in q, m and θ at the fixed point: F itself is known to ~3e-7 (relative, SWITCH_TOL), 1e-8-5e-8
 # absolute here; Newton's last steps, on switches held in their brackets, converge only linearly below that.
 DEFAULT_TOL = 1e-7
 DEFAULT_MAX_ITER = 20  # evaluations of the map per Newton attempt (a failed step is retried in halves)
 
-# A branch is anchored at the first of these where SPEC's starting point, iterated, lands on it: α = 2 is SPEC's
-# anchor, the others catch branches that do not reach it (the positional one ends below α = 2 for ω ≤ 0.1)
+# A branch is anchored at the first of these where the documented starting point, iterated, lands on it: α = 2 is the
+# documented anchor, the others catch branches that do not reach it (the positional one ends below α = 2 for ω ≤ 0.1)
 ANCHORS = (2.0, 1.0, 0.5, 4.0)
 LATTICE_STEP = 0.05  # the continuation lattice, through every anchor: α = 2 ± 0.05 k, down to 0.05 and up to 4 ...
 LATTICE_LINEAR_MAX = 4.0  # ... then geometric steps of ratio 1 + 0.05/4 (alpha_c may search up to α = 50)
@@ -393,7 +393,7 @@ class Channel:
 
 
 def channel(state: torch.Tensor, p: Params, quad: Quadrature, start: torch.Tensor | None = None) -> Channel:
-    """The hat update of SPEC §11 and ε_g at state (4, P) = (q, m, θ, V); the proximal steps start at (0, 0),
+    """The hat update of docs/theory.md and ε_g at state (4, P) = (q, m, θ, V); the proximal steps start at (0, 0),
     or at `start` (2, P, N)."""
     q, m, theta, V = (s[:, None] for s in state)  # (P, 1) each
     xi1, xi2, y1, y2 = quad.nodes  # (N,) or (P, N) each
@@ -414,7 +414,7 @@ def channel(state: torch.Tensor, p: Params, quad: Quadrature, start: torch.Tenso
 
 
 def prior(hat: Channel, p: Params) -> torch.Tensor:
-    """The prior update of SPEC §11: the new state (4, P) = (q, m, θ, V) from the hats."""
+    """The prior update of docs/theory.md: the new state (4, P) = (q, m, θ, V) from the hats."""
     s2, lam = p.sigma[:, 0] ** 2, p.lam[:, 0]
     rho = s2
     D = lam + s2 * hat.V_hat
@@ -423,7 +423,7 @@ def prior(hat: Channel, p: Params) -> torch.Tensor:
 
 
 def free_energy(state: torch.Tensor, hat: Channel, p: Params) -> torch.Tensor:
-    """Φ of SPEC §11 at state (4, P) with its hats (the training loss is −Φ): (P,)."""
+    """Φ of docs/theory.md at state (4, P) with its hats (the training loss is −Φ): (P,)."""
     q, m, theta, V = state
     s2, lam, alpha = p.sigma[:, 0] ** 2, p.lam[:, 0], p.alpha[:, 0]
     rho = s2
@@ -697,7 +697,7 @@ def _newton(state: torch.Tensor, p: Params, free: torch.Tensor, jacobian: torch.
 
 
 def _approach(state: torch.Tensor, p: Params, solver: Solver) -> tuple[torch.Tensor, torch.Tensor]:
-    """SPEC §11's damped iteration on the 4-D tensor Gauss–Hermite rule (each proximal step starting where the
+    """docs/theory.md's damped iteration on the 4-D tensor Gauss–Hermite rule (each proximal step starting where the
     last one ended), from state (4, P), each point until its step changes q, m and θ by less than APPROACH_TOL
     (or would leave the channel's domain, or APPROACH_ITERS pass): a start for Newton near the branch's fixed
     point. Returns the states and each point's iterations (P,)."""
@@ -748,7 +748,7 @@ Track = tuple  # (sigma, lam, omega, teacher_A, branch): one branch of one probl
 
 
 class Continuation:
-    """Fixed points of SPEC §11 reached by continuation from an anchor (the first of ANCHORS where the branch is
+    """Fixed points of docs/theory.md reached by continuation from an anchor (the first of ANCHORS where the branch is
     found; the module docstring says why), for any set of problems and branches. Solved points are kept, per
     track and α, so that later requests (e.g. alpha_c's root search) continue from them; a point's value depends
     only on its track and α."""
@@ -797,8 +797,8 @@ class Continuation:
                            [t[2] for t, _ in batch], [t[3] for t, _ in batch])
 
     def _anchor(self, tracks: Sequence[Track]) -> None:
-        """Each track's anchor and its fixed point there: at each of ANCHORS in turn, SPEC's damped iteration from
-        the branch's start, then Newton; the first where that converges on the branch is the track's anchor."""
+        """Each track's anchor and its fixed point there: at each of ANCHORS in turn, the documented damped iteration
+        from the branch's start, then Newton; the first where that converges on the branch is the track's anchor."""
         todo = list(tracks)
         for anchor in ANCHORS:
             if not todo:
