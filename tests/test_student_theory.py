@@ -2,12 +2,16 @@
 reference written here from the equations (scipy's BFGS per quadrature node), the map on the library's split rule
 against a quasi-Monte Carlo estimate written here (its own proximal solver), the paper's anchors at α = 2, the
 branch structure, α_c(0.3) and the order of the training losses around it, continuation (a point's value does not
-depend on the others asked for), the cache (keyed by the algorithm's version) and the command line; opt-in (slow):
-the issue's curve α 0.6-2.0 (no holes, smooth, the semantic branch's end documented) and, at α 0.6, 0.8, 1.0,
-1.2, 1.5 and 2.0 on both branches, doubling the nodes and an independent quasi-Monte Carlo fixed point."""
+depend on the others asked for), the cache (keyed by every setting and the algorithm's version) and the command
+line; opt-in (slow): the issue's curve α 0.6-2.0 (no holes, smooth, the semantic branch's end documented) and,
+at α 0.6, 0.8, 1.0, 1.2, 1.5 and 2.0 on both branches, doubling the nodes and an independent quasi-Monte Carlo
+fixed point."""
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import math
+import pkgutil
 import re
 
 import numpy as np
@@ -21,7 +25,7 @@ from scipy.stats import qmc
 
 from pefusion.cli.flags import run_main
 from pefusion.cli.theory import main as theory_main
-from pefusion.student import theory as TH
+from pefusion.student import config as SC, theory as TH
 
 torch.set_num_threads(1)
 SIGMA, LAM, OMEGA, A = 0.5, 0.01, 0.3, ((0.6, 0.4), (0.4, 0.6))
@@ -296,7 +300,7 @@ def test_cache_computes_once_and_is_keyed_by_the_parameters(tmp_path, monkeypatc
                            "alpha": 1.5, "branch": ["semantic", "positional", "semantic"]})
     first = TH.cached_points(points, tmp_path, COARSE)
     assert len(first) == 3 and first["converged"].all()
-    monkeypatch.setattr(TH, "fixed_points", lambda *a, **k: pytest.fail("recomputed a cached point"))
+    monkeypatch.setattr(TH.cache, "fixed_points", lambda *a, **k: pytest.fail("recomputed a cached point"))
     again = TH.cached_points(points.iloc[::-1], tmp_path, COARSE)
     pd.testing.assert_frame_equal(first, again)
     monkeypatch.undo()
@@ -322,6 +326,78 @@ def test_a_point_cached_by_an_earlier_algorithm_is_not_served(tmp_path):
     assert served({}) == pytest.approx(0.0014, rel=0.03)
     assert served({"zeta_nodes": solver.zeta_nodes, "version": TH.THEORY_VERSION - 1}) == pytest.approx(0.0014,
                                                                                                         rel=0.03)
+
+
+def _settings(solver) -> dict[tuple[str, ...], object]:
+    """Every leaf field of a settings dataclass, by its path: ("nodes",), ("switch", "tol"), ..."""
+    leaves = {}
+    for f in dataclasses.fields(solver):
+        value = getattr(solver, f.name)
+        if dataclasses.is_dataclass(value):
+            leaves.update({(f.name, *path): v for path, v in _settings(value).items()})
+        else:
+            leaves[(f.name,)] = value
+    return leaves
+
+
+def _replaced(solver, path: tuple[str, ...], value):
+    inner = value if len(path) == 1 else _replaced(getattr(solver, path[0]), path[1:], value)
+    return dataclasses.replace(solver, **{path[0]: inner})
+
+
+@pytest.mark.parametrize("path", list(_settings(TH.Solver())), ids=".".join)
+def test_every_setting_of_the_solver_changes_the_cache_key(path):
+    value = _settings(TH.Solver())[path]
+    other = (*value, value[-1] * 2) if isinstance(value, tuple) else value + 1 if isinstance(value, int) else value / 2
+    assert TH.settings_key(_replaced(TH.Solver(), path, other)) != TH.settings_key(TH.Solver())
+
+
+# The numerical constants the theory reads outside its Solver, each hashed into the key by name
+KEYED = {"THEORY_VERSION": (TH.cache, 3), "BRANCH_START": (TH.BRANCH_START, "semantic"),
+         "TEACHER_A": (SC.TEACHER_A, "default"), "ALPHA_C_PUBLISHED": (SC.ALPHA_C_PUBLISHED, 0.3)}
+
+
+@pytest.mark.parametrize("name", list(KEYED))
+def test_every_constant_outside_the_solver_changes_the_cache_key(name, monkeypatch):
+    where, what = KEYED[name]
+    before = TH.settings_key(TH.Solver())
+    if isinstance(where, dict):
+        value = where[what]
+        monkeypatch.setitem(where, what, value * 2 if isinstance(value, float) else tuple(reversed(value)))
+    else:
+        monkeypatch.setattr(where, name, what)
+    assert TH.settings_key(TH.Solver()) != before
+
+
+def _numeric(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float, complex, np.number, np.ndarray, torch.Tensor)):
+        return True
+    if isinstance(value, dict):
+        return any(_numeric(k) or _numeric(v) for k, v in value.items())
+    return isinstance(value, (tuple, list, set, frozenset)) and any(_numeric(v) for v in value)
+
+
+def test_the_theory_has_no_numerical_constant_outside_its_solver_and_the_key():
+    """A number at module or class level in the theory's modules (a setting someone left out of the Solver) is
+    not in the key: only the solver's fields and KEYED may hold numbers."""
+    settings_classes, todo = set(), [TH.Solver()]
+    while todo:
+        settings = todo.pop()
+        settings_classes.add(type(settings))
+        todo += [getattr(settings, f.name) for f in dataclasses.fields(settings)
+                 if dataclasses.is_dataclass(getattr(settings, f.name))]
+    modules = [TH] + [importlib.import_module(f"{TH.__name__}.{m.name}") for m in pkgutil.iter_modules(TH.__path__)]
+    outside = []
+    for module in modules:
+        for name, value in vars(module).items():
+            if not name.startswith("__") and _numeric(value) and name not in KEYED:
+                outside.append(f"{module.__name__}.{name}")
+            if isinstance(value, type) and value.__module__ == module.__name__ and value not in settings_classes:
+                outside += [f"{module.__name__}.{name}.{attr}" for attr, v in vars(value).items()
+                            if not attr.startswith("__") and _numeric(v)]
+    assert len(modules) >= 8 and outside == []
 
 
 def test_command_line_curve_and_alpha_c(tmp_path, capsys):

@@ -42,6 +42,7 @@ def value_range(flag: str, text: str) -> list[float]:
 
 
 def parser() -> argparse.ArgumentParser:
+    defaults = TH.Solver()
     ap = _Parser(description="The d -> infinity prediction of the student attention model (docs/theory.md): the "
                              "fixed point on the semantic and positional branches, and alpha_c(omega).")
     ap.add_argument("--omega", type=float, default=0.3, help="positional weight of the teacher (default 0.3)")
@@ -55,19 +56,19 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", help="write the curve as CSV here (columns " + ",".join(TH.COLUMNS) + ")")
     ap.add_argument("--alpha-c", action="store_true", help="print alpha_c(omega), where the two branches' training "
                                                            "losses cross, as the last line")
-    ap.add_argument("--nodes", type=int, default=TH.DEFAULT_NODES,
-                    help=f"Gauss-Hermite nodes per axis of the (eta, y1, y2) rule (default {TH.DEFAULT_NODES})")
-    ap.add_argument("--zeta-nodes", type=int, default=TH.DEFAULT_ZETA_NODES,
+    ap.add_argument("--nodes", type=int, default=defaults.nodes,
+                    help=f"Gauss-Hermite nodes per axis of the (eta, y1, y2) rule (default {defaults.nodes})")
+    ap.add_argument("--zeta-nodes", type=int, default=defaults.zeta_nodes,
                     help=f"Gauss nodes along zeta = (xi1 - xi2)/sqrt2 on each side of the proximal point's switch "
-                         f"(default {TH.DEFAULT_ZETA_NODES})")
-    ap.add_argument("--damping", type=float, default=TH.DEFAULT_DAMPING,
+                         f"(default {defaults.zeta_nodes})")
+    ap.add_argument("--damping", type=float, default=defaults.damping,
                     help=f"the anchor's approach iteration x <- damping*x + (1-damping)*F(x) "
-                         f"(default {TH.DEFAULT_DAMPING})")
-    ap.add_argument("--tol", type=float, default=TH.DEFAULT_TOL,
-                    help=f"a fixed point has |F(x) - x| below this in q, m and theta (default {TH.DEFAULT_TOL})")
-    ap.add_argument("--max-iter", type=int, default=TH.DEFAULT_MAX_ITER,
+                         f"(default {defaults.damping})")
+    ap.add_argument("--tol", type=float, default=defaults.tol,
+                    help=f"a fixed point has |F(x) - x| below this in q, m and theta (default {defaults.tol})")
+    ap.add_argument("--max-iter", type=int, default=defaults.max_iter,
                     help=f"evaluations of the map per Newton attempt; a continuation step that needs more is "
-                         f"halved (default {TH.DEFAULT_MAX_ITER})")
+                         f"halved (default {defaults.max_iter})")
     ap.add_argument("--figure", help="draw eps_g against alpha on both branches into this PNG")
     ap.add_argument("--simulated", help="with --figure: simulated points to put on the curve, a CSV or JSON lines "
                                         "with alpha, init, eps_g (what scripts/student_fit.py --json prints)")
