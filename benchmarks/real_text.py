@@ -5,7 +5,7 @@
 
 On one corpus and one model size, four ways to a text classifier, in one table (test accuracy, wall time, epochs):
 
-(a) search: `sweeps/lr_batch_asha.py --preset text --search optuna` over pefusion/search_spaces/lr_batch_text.yaml (16
+(a) search: `sweeps/lr_batch_asha.py --preset text --search optuna` over search_spaces/lr_batch_text.yaml (16
     samples under ASHA), run as a user runs it, in a subprocess; its result is the test accuracy of the trial with
     the best validation accuracy among those that trained to the end (ASHA's stopped trials are never tested).
 (b) notebook: the same model (the text preset) at the five hand-picked lr x batch settings of the 20 Newsgroups
@@ -90,7 +90,7 @@ def bench_preset(args: argparse.Namespace) -> Preset:
 # ---------------------------------------------------------------------------------------------------------
 
 def bench_space(args: argparse.Namespace) -> dict[str, Any]:
-    """pefusion/search_spaces/lr_batch_text.yaml with the benchmark's model size (and --quick's timing) as constants."""
+    """search_spaces/lr_batch_text.yaml with the benchmark's model size (and --quick's timing) as constants."""
     return {**yaml.safe_load(SEARCH_SPACE.read_text()), "d_model": args.d_model, "num_layers": args.num_layers,
             **(QUICK_TIMING if args.quick else {})}
 

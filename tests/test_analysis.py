@@ -70,7 +70,7 @@ def _params(values: dict):
 def _parent(client, exp_id: str, sweep: str, start: int) -> str:
     run = client.create_run(exp_id, start_time=start, tags={
         R.TAG_ROLE: "sweep", R.TAG_SWEEP: sweep, R.TAG_COMMAND: COMMAND, R.TAG_GIT_COMMIT: COMMIT,
-        R.TAG_SEARCH_SPACE: f"pefusion/search_spaces/{sweep}.yaml", R.TAG_RAY_ADDRESS: "local"})
+        R.TAG_SEARCH_SPACE: f"search_spaces/{sweep}.yaml", R.TAG_RAY_ADDRESS: "local"})
     client.set_terminated(run.info.run_id, "FINISHED")
     return run.info.run_id
 

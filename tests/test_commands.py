@@ -11,6 +11,7 @@ import sys
 import tomllib
 import zipfile
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +27,8 @@ MAINS = {"arxiv_grid": commands.grid_main, "lr_batch_asha": commands.search_main
 
 
 def test_the_default_search_spaces_are_package_data_found_through_importlib_resources():
-    shipped = resources.files("pefusion") / "search_spaces"
+    shipped = resources.files("pefusion.search_spaces")
+    assert Path(str(shipped)).resolve() == (REPO / "search_spaces").resolve()  # the clone's folder, editable install
     for sweep, name in SPACES.items():
         for preset, file in (("arxiv", name), ("demo", name.replace(".yaml", "_demo.yaml"))):
             args = argparse.Namespace(search_space=None, default_search_space=name, preset=preset)
@@ -41,7 +43,8 @@ def test_the_wheel_ships_the_search_spaces_and_the_installed_commands(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source)
-    shutil.copytree(REPO / "pefusion", source / "pefusion", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("pefusion", "search_spaces"):
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                             str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-3000:]
@@ -50,8 +53,11 @@ def test_the_wheel_ships_the_search_spaces_and_the_installed_commands(tmp_path):
         names = set(z.namelist())
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         scripts = z.read(entry_points).decode()
-    in_repo = {p.name for p in (REPO / "pefusion" / "search_spaces").glob("*.yaml")}
-    assert {n.split("/")[-1] for n in names if n.startswith("pefusion/search_spaces/")} == in_repo
+    in_repo = {p.name for p in (REPO / "search_spaces").glob("*.yaml")}
+    assert {n.split("/")[-1] for n in names if n.startswith("pefusion/search_spaces/")} - {"__init__.py"} == in_repo
+    # pyproject lists the packages (a mapped folder is not discovered): every module of pefusion/ is in the wheel
+    modules = {str(p.relative_to(REPO)) for p in (REPO / "pefusion").rglob("*.py") if "__pycache__" not in p.parts}
+    assert modules <= names, sorted(modules - names)
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert all(f"{name} = {target}" in scripts for name, target in declared.items()), scripts
     # each sweep's installed command is the one recorded for a main called in-process

@@ -60,7 +60,7 @@ def test_importances_follow_the_key_the_score_depends_on(score, dominant):
 
 def test_distributions_from_the_search_space_file_else_inferred():
     trials = search_frame(8, lr_only)
-    space_file = str(REPO / "pefusion" / "search_spaces" / "lr_batch.yaml")
+    space_file = str(REPO / "search_spaces" / "lr_batch.yaml")
     points = SE.search_points(trials, SE.recorded_space(space_file), space_file)
     assert SE.describe(points.distributions["lr"]) == "log-uniform [0.0001, 0.003]"
     assert SE.describe(points.distributions["batch_size"]) == "categorical {16, 32, 64}"
@@ -139,7 +139,7 @@ def _search_sweep(parent_metrics: dict) -> RU.Sweep:
     trials = trials.assign(**{R.EPOCHS_RUN: [float(e) for e in EPOCHS], SE.MAX_EPOCHS: MAX_T})
     return RU.Sweep("sqlite:///unused.db", "pe-fusion", trials, "a" * 32,
                     {R.TAG_SWEEP: "lr_batch_asha", R.TAG_SCHEDULER: "asha",
-                     R.TAG_SEARCH_SPACE: str(REPO / "pefusion" / "search_spaces" / "lr_batch.yaml")},
+                     R.TAG_SEARCH_SPACE: str(REPO / "search_spaces" / "lr_batch.yaml")},
                     parent_metrics=parent_metrics)
 
 

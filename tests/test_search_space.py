@@ -13,7 +13,7 @@ from pefusion.sweep.space import (Choice, Constant, Grid, LogUniform, RandInt, S
                                   load_search_space, parse_search_space, require_no_grid, to_optuna, to_tune)
 from conftest import has_grid
 
-SPACES = Path(__file__).resolve().parents[1] / "pefusion" / "search_spaces"
+SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 RULES_OF = {"arxiv_grid": PEFUSION_RULES, "lr_batch": PEFUSION_RULES, "lambda_cv": STUDENT_RULES,
             "phase_diagram": STUDENT_RULES}
 

@@ -528,7 +528,7 @@ def test_phase_diagram_rejects_an_init_axis_and_bad_points(in_tmp):
 
 def _space_file(name: str) -> dict:
     """A search-space YAML of the repository, read here independently of pefusion.sweep.space."""
-    return yaml.safe_load((REPO / "pefusion" / "search_spaces" / name).read_text())
+    return yaml.safe_load((REPO / "search_spaces" / name).read_text())
 
 
 def _sweep_runs(name: str, experiment: str = "pe-fusion"):
@@ -554,7 +554,7 @@ def _epochs_logged(client, run) -> list[int]:
     ("lambda_cv", ["--alphas", "0.5", "--inits", "semantic"], "lambda_cv_demo.yaml"),
 ])
 def test_preset_demo_runs_the_demo_search_space(local_ray, in_tmp, sweep, narrowing, demo_file):
-    """`--preset demo` sweeps pefusion/search_spaces/<sweep>_demo.yaml: the seeds the trials ran are the demo file's,
+    """`--preset demo` sweeps search_spaces/<sweep>_demo.yaml: the seeds the trials ran are the demo file's,
     which differ from the default file's (narrowed on the other axes to seconds; the seed axis is left alone)."""
     demo_seeds = _space_file(demo_file)[R.SEED]["grid"]
     assert demo_seeds != _space_file(f"{sweep}.yaml")[R.SEED]["grid"]  # else this test could not tell them apart
@@ -564,7 +564,7 @@ def test_preset_demo_runs_the_demo_search_space(local_ray, in_tmp, sweep, narrow
     assert code == 0
     experiment = "pe-fusion" if sweep == "arxiv_grid" else "student-attention"
     _, parent, children = _sweep_runs("demo", experiment)
-    assert Path(parent.data.tags[R.TAG_SEARCH_SPACE]).resolve() == (REPO / "pefusion" / "search_spaces" / demo_file).resolve()
+    assert Path(parent.data.tags[R.TAG_SEARCH_SPACE]).resolve() == (REPO / "search_spaces" / demo_file).resolve()
     assert sorted(int(c.data.params[R.SEED]) for c in children) == sorted(demo_seeds)
     assert all(c.data.tags[R.TAG_STATUS] == R.STATUS_OK for c in children)
 
@@ -598,7 +598,7 @@ def test_preset_text_runs_every_pe_fusion_sweep_on_a_folder_with_string_labels(l
 
 
 def test_lr_batch_asha_default_random_search_samples_lr_batch_yaml(local_ray, in_tmp, cache_dir, capsys):
-    """`python sweeps/lr_batch_asha.py` with its defaults (random search, ASHA, pefusion/search_spaces/lr_batch.yaml):
+    """`python sweeps/lr_batch_asha.py` with its defaults (random search, ASHA, search_spaces/lr_batch.yaml):
     every trial's configuration comes from the file, and the printed epoch budget is what MLflow logged."""
     asha = load_script("sweeps/lr_batch_asha.py")
     n, max_t = 4, 3

@@ -15,9 +15,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pefusion.errors import ConfigError, SweepInterrupted
 
-# The sweeps' default search spaces: package data (pefusion/search_spaces/*.yaml), found where the package is
-# installed. A wheel installs it as plain files, so this is a real folder whose paths the runs record.
-SEARCH_SPACES = Path(str(resources.files("pefusion") / "search_spaces"))
+# The sweeps' default search spaces: the top-level search_spaces/*.yaml, installed as the data package
+# pefusion.search_spaces and found where the package is installed (the clone's folder for an editable install). A
+# wheel installs it as plain files, so this is a real folder whose paths the runs record.
+SEARCH_SPACES = Path(str(resources.files("pefusion.search_spaces")))
 # Each sweep's installed command (pyproject's [project.scripts]): the command line recorded for a main called
 # in-process, as `python sweeps/<sweep>.py` would name a file that may not be in the folder it is pasted in.
 ENTRY_POINTS = {"arxiv_grid": "pefusion-grid", "lr_batch_asha": "pefusion-search", "lambda_cv": "pefusion-lambda-cv",
@@ -99,7 +100,7 @@ def add_preset_flag(parser: argparse.ArgumentParser, default: str, presets: Mapp
 
 
 def _preset_search_spaces(name: str) -> dict[str, Path]:
-    """The files a preset uses instead of pefusion/search_spaces/<name>.yaml: <name>_<preset>.yaml, for each preset
+    """The files a preset uses instead of search_spaces/<name>.yaml: <name>_<preset>.yaml, for each preset
     that has one (e.g. lr_batch_demo.yaml for --preset demo, lr_batch_text.yaml for --preset text)."""
     stem = name.removesuffix(".yaml")
     return {p.stem[len(stem) + 1:]: p for p in sorted(SEARCH_SPACES.glob(f"{stem}_*.yaml"))}
