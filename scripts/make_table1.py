@@ -1,32 +1,7 @@
-"""Table 1 from the MLflow runs: test accuracy (%, mean ± sample std over seeds), parameters and latency per
-(PE, fusion), one table per dataset, written as table1_<dataset>.csv, .md and .tex; for the ArXiv dataset the
-paper's Table 3 values stand beside ours.
-
-    python scripts/make_table1.py                      # every finished trial run of experiment pe-fusion
-    python scripts/make_table1.py --parent-run 1a2b3c4d --out results/
-"""
-from __future__ import annotations
-
-import argparse
-from typing import Sequence
-
+"""The summary table (the report's Table 1) from the MLflow runs, as CSV, Markdown and LaTeX (`--help` for every
+flag); installed as `pefusion-table1`. The parser and main are in pefusion/cli/commands.py."""
+from pefusion.cli.commands import table1_main as main
 from pefusion.cli.flags import run_main
-from pefusion.analysis.report import write_table1
-from pefusion.cli.analysis import add_source_flags, load_sweep_from_args
-from pefusion.record import PEFUSION_EXPERIMENT
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_source_flags(parser, PEFUSION_EXPERIMENT)
-    args = parser.parse_args(argv)
-    sweep = load_sweep_from_args(args)
-    for path in write_table1(sweep.trials, args.out):
-        if path.suffix == ".md":
-            print(path.read_text())
-        print(f"wrote {path}")
-    return 0
-
 
 if __name__ == "__main__":
     run_main(main)

@@ -1,5 +1,5 @@
 """The d → ∞ prediction of the student attention model (docs/theory.md): the replica fixed point on the semantic and
-positional branches, and α_c(ω) where their training losses cross.
+positional branches, and α_c(ω) where their training losses cross. Installed as `pefusion-student-theory`.
 
     python scripts/student_theory.py --omega 0.3 --alphas 0.2:3.0:0.1 --out theory.csv    # one curve
     python scripts/student_theory.py --omega 0.3 --alpha-c                                # alpha_c(omega=0.3) = 1.xxx
@@ -16,7 +16,7 @@ from __future__ import annotations
 import pefusion  # noqa: F401  (first: it sets PyTorch's huge-page switch, read when torch loads)
 
 from pefusion.cli.flags import run_main
-from pefusion.cli.theory import main
+from pefusion.cli.commands import student_theory_main as main
 
 if __name__ == "__main__":
     run_main(main)

@@ -432,7 +432,9 @@ def test_the_figure_marks_where_a_branch_ends():
 @pytest.mark.parametrize("argv, message", [
     (["--alphas", "2:1:0.1"], "error: --alphas '2:1:0.1': start:stop:step needs a step > 0 and stop >= start\n"),
     (["--omega", "1.5", "--alpha-c"], "error: omega=1.5 is out of range; it must be in [0, 1]\n"),
-    (["--A", "other"], "error: argument --A: invalid choice: 'other' (choose from 'standard', 'alt')\n"),
+    (["--teacher-A", "other"], "error: argument --teacher-A: invalid choice: 'other' (choose from 'default', "
+                               "'alt')\n"),
+    (["--A", "standard"], "error: --A is now --teacher-A {default,alt} (standard is now default)\n"),
     (["--nodes", "1"], "error: nodes=1 is out of range; it must be an integer >= 2\n"),
     (["--zeta-nodes", "1"], "error: zeta_nodes=1 is out of range; it must be an integer >= 2\n"),
 ])

@@ -1,6 +1,8 @@
-"""Every command's parser and main: `sweeps/*.py` and `scripts/report.py` run these, and so do the installed
-commands of pyproject's [project.scripts] (`pefusion-grid`, `pefusion-search`, `pefusion-lambda-cv`,
-`pefusion-phase`, `pefusion-report`, `pefusion-export`), for a user who installed pefusion without a clone.
+"""Every command's main: `sweeps/*.py` and the user-facing `scripts/*.py` run these, and so do the installed
+commands of pyproject's [project.scripts] (the table of docs/cli.md), for a user who installed pefusion without a
+clone. The sweeps', the report's and the analysis scripts' parsers are here; the GPU check, the student fit, the
+reproduction and the theory keep theirs beside their output (`cli/gpu_check.py`, `cli/fit.py`,
+`cli/reproduction.py`, `cli/theory.py`), imported only when the command runs.
 
 A main parses its flags and checks what needs no study before it imports the study's command line (`cli/fusion.py`,
 `cli/student.py`), and those check their inputs before they import torch, Ray or MLflow: `--help` and a
@@ -144,6 +146,107 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+TABLE1 = """The summary table from the MLflow runs (what the report calls Table 1): test accuracy (%, mean ± sample
+std over seeds), parameters and latency per (PE, fusion), one table per dataset, written as table1_<dataset>.csv,
+.md and .tex; for the ArXiv dataset the paper's Table 3 values stand beside ours. Installed as `pefusion-table1`.
+
+    python scripts/make_table1.py                      # every finished trial run of experiment pe-fusion
+    python scripts/make_table1.py --parent-run 1a2b3c4d --out results/
+"""
+
+DELTAS = """Paired-seed deltas from the MLflow runs: for each PE and each fusion, Δ test accuracy (percentage points)
+against a baseline fusion on the seeds both have, with mean, sample std, 95% t interval, paired t-test and
+Wilcoxon signed-rank p-values; writes paired_deltas_<dataset>.csv, the per-seed pairs, and one figure per PE
+(the paper's Fig. 3) into <out>/figures. Installed as `pefusion-deltas`.
+
+    python scripts/paired_deltas.py --baseline add
+"""
+
+FIGURES = """Every figure the MLflow runs allow, as PNG (dpi 150) and PDF in <out>/figures: for PE-fusion runs the
+paired-seed deltas per PE, accuracy and latency per fusion and accuracy per length bucket; for student runs
+Δε_t and Δε_g against α with the published α_c and α_l, m and θ against α, λ* against α and the (α, ω)
+phase diagram with the published α_c(ω) curve. Installed as `pefusion-figures`.
+
+    python scripts/make_figures.py
+    python scripts/make_figures.py --experiment student-attention
+"""
+
+
+def table1_main(argv: Sequence[str] | None = None) -> int:
+    from pefusion.cli.analysis import add_source_flags, load_sweep_from_args
+
+    parser = argparse.ArgumentParser(description=TABLE1, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_source_flags(parser, PEFUSION_EXPERIMENT)
+    args = parser.parse_args(argv)
+    from pefusion.analysis.report import write_table1
+
+    sweep = load_sweep_from_args(args)
+    for path in write_table1(sweep.trials, args.out):
+        if path.suffix == ".md":
+            print(path.read_text())
+        print(f"wrote {path}")
+    return 0
+
+
+def deltas_main(argv: Sequence[str] | None = None) -> int:
+    from pefusion.cli.analysis import add_source_flags, load_sweep_from_args
+
+    parser = argparse.ArgumentParser(description=DELTAS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_source_flags(parser, PEFUSION_EXPERIMENT)
+    parser.add_argument("--baseline", default="add", help="fusion every other fusion is compared with (default: add)")
+    args = parser.parse_args(argv)
+    from pefusion.analysis.report import write_paired_deltas
+
+    sweep = load_sweep_from_args(args)
+    for path in write_paired_deltas(sweep.trials, args.out, args.baseline):
+        if path.suffix == ".csv" and not path.stem.startswith("paired_deltas_per_seed"):
+            print(path.read_text())
+        print(f"wrote {path}")
+    return 0
+
+
+def figures_main(argv: Sequence[str] | None = None) -> int:
+    from pefusion.cli.analysis import add_source_flags, load_sweep_from_args
+
+    parser = argparse.ArgumentParser(description=FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_source_flags(parser, PEFUSION_EXPERIMENT)
+    parser.add_argument("--baseline", default="add", help="baseline fusion of the paired deltas (default: add)")
+    args = parser.parse_args(argv)
+    from pefusion.analysis.report import write_figures
+    from pefusion.analysis.student_tables import published_alpha_curves
+
+    sweep = load_sweep_from_args(args)
+    alpha_c, alpha_l = published_alpha_curves()
+    for path in write_figures(sweep.trials, args.out, args.baseline, alpha_c, alpha_l):
+        print(f"wrote {path} (+ .pdf)")
+    return 0
+
+
+# The commands whose parser lives beside their output; each imports torch, so only when it runs.
+def gpu_check_main(argv: Sequence[str] | None = None) -> int:
+    from pefusion.cli.gpu_check import main
+
+    return main(argv)
+
+
+def student_fit_main(argv: Sequence[str] | None = None) -> int:
+    from pefusion.cli.fit import main
+
+    return main(argv)
+
+
+def reproduce_student_main(argv: Sequence[str] | None = None) -> int:
+    from pefusion.cli.reproduction import main
+
+    return main(argv)
+
+
+def student_theory_main(argv: Sequence[str] | None = None) -> int:
+    from pefusion.cli.theory import main
+
+    return main(argv)
+
+
 def export_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="the trial run's id")
@@ -185,3 +288,39 @@ def report() -> None:
 
 def export() -> None:
     run_main(export_main)
+
+
+def table1() -> None:
+    run_main(table1_main)
+
+
+def deltas() -> None:
+    run_main(deltas_main)
+
+
+def figures() -> None:
+    run_main(figures_main)
+
+
+def gpu_check() -> None:
+    run_main(gpu_check_main)
+
+
+def student_fit() -> None:
+    run_main(student_fit_main)
+
+
+def reproduce_student() -> None:
+    run_main(reproduce_student_main)
+
+
+def student_theory() -> None:
+    run_main(student_theory_main)
+
+
+# Each installed command's function (pyproject's [project.scripts] target) -> the main it runs, which its script runs
+# too (tests/test_cli_docs.py holds docs/cli.md's table to this).
+MAINS = {"grid": grid_main, "search": search_main, "lambda_cv": lambda_cv_main, "phase_diagram": phase_diagram_main,
+         "report": report_main, "export": export_main, "table1": table1_main, "deltas": deltas_main,
+         "figures": figures_main, "gpu_check": gpu_check_main, "student_fit": student_fit_main,
+         "reproduce_student": reproduce_student_main, "student_theory": student_theory_main}

@@ -81,7 +81,7 @@ def add_data_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--data-dir", help="local folder with train/validation/test files (JSONL, CSV or Parquet; "
                                       "JSONL and CSV also as .gz, .bz2 or .xz), "
                                       "e.g. the paper's data/{train,validation,test}_clean.jsonl")
-    g.add_argument("--dataset", help="Hugging Face dataset name (default: the preset's, ccdv/arxiv-classification)")
+    g.add_argument("--dataset", help="Hugging Face dataset name (default: the preset's; docs/model.md, Presets)")
     g.add_argument("--dataset-config", help="Hugging Face dataset config (ArXiv: no_ref)")
     g.add_argument("--synthetic", action="store_true", help="use the bundled synthetic corpus")
     g.add_argument("--synthetic-task", metavar="NAME",
@@ -93,10 +93,12 @@ def add_data_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-dir", help="token-id cache folder (default: $PEFUSION_CACHE or ~/.cache/pefusion)")
 
 
-def add_preset_flag(parser: argparse.ArgumentParser, default: str, presets: Mapping[str, Any]) -> None:
+def add_preset_flag(parser: argparse.ArgumentParser, default: str, presets: Mapping[str, Any],
+                    describe: Callable[[Any], str] = lambda preset: preset.description) -> None:
+    """--preset, its help describing each preset (`describe`: what this command uses of it)."""
     parser.add_argument("--preset", default=default, choices=sorted(presets),
                         help=f"defaults of everything not in the search space (default: {default}); "
-                             + "; ".join(f"{k}: {v.description}" for k, v in sorted(presets.items())))
+                             + "; ".join(f"{k}: {describe(v)}" for k, v in sorted(presets.items())))
 
 
 def _preset_search_spaces(name: str) -> dict[str, Path]:

@@ -27,7 +27,9 @@ NARROWING = (("--alphas", float, "alpha = n/d", "0.5,1,2"), ("--omegas", float, 
 
 def add_student_flags(parser: argparse.ArgumentParser, sweep: str) -> None:
     """The flags of both student sweeps: preset, grid narrowing, size, and every sweep's common flags."""
-    add_preset_flag(parser, default="paper", presets=STUDENT_PRESETS)
+    add_preset_flag(parser, default="paper", presets=STUDENT_PRESETS,
+                    describe=lambda preset: preset.description + (f"; {cv_protocol(preset)}" if sweep == "lambda_cv"
+                                                                  else ""))
     for flag, kind, what, example in NARROWING:
         parser.add_argument(flag, type=csv_list(kind), help=f"narrow the {what} grid, e.g. {flag} {example}")
     parser.add_argument("--d", type=int, help="embedding dimension (default: the preset's)")
@@ -36,6 +38,13 @@ def add_student_flags(parser: argparse.ArgumentParser, sweep: str) -> None:
         add_search_flags(parser, searches=("grid", "random", "optuna", "cmaes"), default_search="grid",
                          default_samples=12)
     add_sweep_flags(parser, experiment=R.STUDENT_EXPERIMENT, search_space=f"{sweep}.yaml")
+
+
+def cv_protocol(preset: StudentPreset) -> str:
+    """The preset's λ-CV in words, for the λ-CV sweep's --help (the phase diagram fixes λ: it has none)."""
+    cv = preset.cv
+    return (f"{cv['folds']}-fold CV over {cv['lam_grid_n']} lambdas log-spaced in "
+            f"[{cv['lam_grid_min']:g}, {cv['lam_grid_max']:g}]")
 
 
 def run_student_sweep(sweep: str, args: argparse.Namespace, opts: SweepOptions) -> int:

@@ -17,13 +17,20 @@ import torch
 
 from pefusion.errors import ConfigError
 from pefusion.student import theory as TH
-
-A_NAMES = {"standard": "default", "alt": "alt"}  # --A value -> pefusion.student.config.TEACHER_A key
+from pefusion.student.config import TEACHER_A
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # a ConfigError, so run_main prints one line and exits 2
         raise ConfigError(message)
+
+
+class _RenamedA(argparse.Action):
+    """The old spelling `--A standard|alt`, refused with the new one (the flag of student_fit.py and the
+    search-space key teacher_A)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        raise ConfigError(f"--A is now --teacher-A {{{','.join(TEACHER_A)}}} (standard is now default)")
 
 
 def value_range(flag: str, text: str) -> list[float]:
@@ -49,9 +56,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--omegas", help="several omegas for the phase boundary with --alpha-c, e.g. 0:0.4:0.05")
     ap.add_argument("--sigma", type=float, default=0.5, help="token standard deviation (default 0.5)")
     ap.add_argument("--lam", type=float, default=0.01, help="weight decay lambda (default 0.01)")
-    ap.add_argument("--A", dest="teacher_A", default="standard", choices=tuple(A_NAMES),
-                    help="the teacher's positional matrix: standard [[0.6,0.4],[0.4,0.6]] or alt "
-                         "[[0.3,0.7],[0.8,0.2]]")
+    ap.add_argument("--teacher-A", default="default", choices=tuple(TEACHER_A),
+                    help="the teacher's positional matrix: default [[0.6,0.4],[0.4,0.6]] or alt "
+                         "[[0.3,0.7],[0.8,0.2]] (the search-space key teacher_A)")
+    ap.add_argument("--A", action=_RenamedA, help=argparse.SUPPRESS)
     ap.add_argument("--alphas", default="0.2:3.0:0.1", help="alphas of the curve (default 0.2:3.0:0.1)")
     ap.add_argument("--out", help="write the curve as CSV here (columns " + ",".join(TH.COLUMNS) + ")")
     ap.add_argument("--alpha-c", action="store_true", help="print alpha_c(omega), where the two branches' training "
@@ -84,19 +92,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads < 1:
         raise ConfigError(f"--threads {args.threads}: give at least 1")
     torch.set_num_threads(args.threads)
-    teacher_A = A_NAMES[args.teacher_A]
     if args.omegas and not args.alpha_c:
         raise ConfigError("--omegas gives the phase boundary: add --alpha-c (one curve takes --omega)")
     omegas = value_range("--omegas", args.omegas) if args.omegas else [args.omega]
     TH.make_params([1.0] * len(omegas), [args.sigma] * len(omegas), [args.lam] * len(omegas), omegas,
-                   [teacher_A] * len(omegas))  # every value checked before any work
+                   [args.teacher_A] * len(omegas))  # every value checked before any work
     if args.simulated and not args.figure:
         raise ConfigError("--simulated puts points on the figure: add --figure PNG")
     continuation = TH.Continuation(solver)  # the curve's points, reused by alpha_c at the same omega
     if args.out or args.figure or not args.alpha_c:
         alphas = value_range("--alphas", args.alphas)
         start = time.perf_counter()
-        curve = TH.theory_curve(alphas, args.sigma, args.lam, args.omega, teacher_A, solver=solver,
+        curve = TH.theory_curve(alphas, args.sigma, args.lam, args.omega, args.teacher_A, solver=solver,
                                 continuation=continuation)
         seconds = time.perf_counter() - start
         if args.figure:
@@ -113,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.alpha_c:
         for omega in omegas:
             try:
-                value = f"{TH.alpha_c(omega, args.sigma, args.lam, teacher_A, solver, continuation=continuation):.3f}"
+                crossing = TH.alpha_c(omega, args.sigma, args.lam, args.teacher_A, solver, continuation=continuation)
+                value = f"{crossing:.3f}"
             except ConfigError as exc:
                 if len(omegas) == 1:
                     raise

@@ -174,7 +174,7 @@ class StudentPreset:
 STUDENT_PRESETS: dict[str, StudentPreset] = {
     "paper": StudentPreset(
         description="Cui et al.'s setting: d=1000, sigma=0.5, full-batch GD lr 0.15 for 5000 steps, "
-                    "50 000 fresh test samples, 5-fold CV over 5 lambdas in [1e-4, 1] (one per decade)",
+                    "50 000 fresh test samples",
         point=dict(d=1000, sigma=0.5, omega=0.3, optim="gd", n_test=50_000),
         cv=DEFAULT_CV),
     "demo": StudentPreset(
