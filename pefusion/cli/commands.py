@@ -172,15 +172,23 @@ phase diagram with the published α_c(ω) curve. Installed as `pefusion-figures`
 """
 
 
-def table1_main(argv: Sequence[str] | None = None) -> int:
+def _analysis_sweep(description: str, argv: Sequence[str] | None, baseline_help: str | None = None):
+    """The parsed flags of an analysis command (where the runs are, the outputs go; `--baseline` where it has
+    one) and the sweep they name."""
     from pefusion.cli.analysis import add_source_flags, load_sweep_from_args
 
-    parser = argparse.ArgumentParser(description=TABLE1, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_source_flags(parser, PEFUSION_EXPERIMENT)
+    if baseline_help:
+        parser.add_argument("--baseline", default="add", help=baseline_help)
     args = parser.parse_args(argv)
+    return args, load_sweep_from_args(args)
+
+
+def table1_main(argv: Sequence[str] | None = None) -> int:
+    args, sweep = _analysis_sweep(TABLE1, argv)
     from pefusion.analysis.report import write_table1
 
-    sweep = load_sweep_from_args(args)
     for path in write_table1(sweep.trials, args.out):
         if path.suffix == ".md":
             print(path.read_text())
@@ -189,15 +197,9 @@ def table1_main(argv: Sequence[str] | None = None) -> int:
 
 
 def deltas_main(argv: Sequence[str] | None = None) -> int:
-    from pefusion.cli.analysis import add_source_flags, load_sweep_from_args
-
-    parser = argparse.ArgumentParser(description=DELTAS, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_source_flags(parser, PEFUSION_EXPERIMENT)
-    parser.add_argument("--baseline", default="add", help="fusion every other fusion is compared with (default: add)")
-    args = parser.parse_args(argv)
+    args, sweep = _analysis_sweep(DELTAS, argv, "fusion every other fusion is compared with (default: add)")
     from pefusion.analysis.report import write_paired_deltas
 
-    sweep = load_sweep_from_args(args)
     for path in write_paired_deltas(sweep.trials, args.out, args.baseline):
         if path.suffix == ".csv" and not path.stem.startswith("paired_deltas_per_seed"):
             print(path.read_text())
@@ -206,16 +208,10 @@ def deltas_main(argv: Sequence[str] | None = None) -> int:
 
 
 def figures_main(argv: Sequence[str] | None = None) -> int:
-    from pefusion.cli.analysis import add_source_flags, load_sweep_from_args
-
-    parser = argparse.ArgumentParser(description=FIGURES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_source_flags(parser, PEFUSION_EXPERIMENT)
-    parser.add_argument("--baseline", default="add", help="baseline fusion of the paired deltas (default: add)")
-    args = parser.parse_args(argv)
+    args, sweep = _analysis_sweep(FIGURES, argv, "baseline fusion of the paired deltas (default: add)")
     from pefusion.analysis.report import write_figures
     from pefusion.analysis.student_tables import published_alpha_curves
 
-    sweep = load_sweep_from_args(args)
     alpha_c, alpha_l = published_alpha_curves()
     for path in write_figures(sweep.trials, args.out, args.baseline, alpha_c, alpha_l):
         print(f"wrote {path} (+ .pdf)")
