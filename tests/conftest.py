@@ -109,6 +109,32 @@ def start_mlflow_server(port: int, root: Path, store: str | None = None) -> subp
             time.sleep(0.3)
 
 
+# Credentials for the test's own S3 server (moto accepts any); no instance metadata lookup when one is missing.
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                  "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def start_s3_server(port: int, root: Path, bucket: str = "sweeps") -> subprocess.Popen:
+    """moto's standalone S3-compatible server on 127.0.0.1:port (its objects in its memory), in a process group of
+    its own, with `bucket` created; returns once the bucket exists. Stop it with `stop_process_group`."""
+    from pyarrow import fs
+
+    log = open(root / "s3.log", "ab")
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=log, stderr=log, start_new_session=True, env=subprocess_env(**S3_CREDENTIALS))
+    store = fs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
+                            endpoint_override=f"127.0.0.1:{port}", allow_bucket_creation=True)
+    deadline = time.time() + 60
+    while True:
+        try:
+            store.create_dir(bucket)
+            return server
+        except OSError:
+            assert server.poll() is None, (root / "s3.log").read_text()[-3000:]
+            assert time.time() < deadline, "the S3 server did not start"
+            time.sleep(0.3)
+
+
 def stop_process_group(proc: subprocess.Popen, port: int) -> None:
     """SIGTERM to the process group a test started (`start_new_session=True`: a server and its workers); returns
     once every process of it is gone and the port is free."""

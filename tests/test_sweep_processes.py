@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +20,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from conftest import REPO, free_port, subprocess_env
+from conftest import REPO, S3_CREDENTIALS, free_port, start_s3_server, stop_process_group, subprocess_env
 from pefusion import record as R
 from study_names import TIMING_COLUMNS
 
@@ -191,3 +193,146 @@ def test_address_auto_joins_a_running_cluster(tmp_path, cache_dir, head_node):
     exp = client.get_experiment_by_name("pe-fusion")
     (parent,) = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
     assert parent.data.tags[R.TAG_RAY_ADDRESS] == "auto"
+
+
+# --- object storage: S3 at an endpoint of its own (moto's server on 127.0.0.1) ------------------------------
+
+# 4 trials of 8 epochs one after another: a trial is killed after its 3rd epoch and, with the endpoint in the URI,
+# the sweep is interrupted once the first trial has ended.
+S3_GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "8", "--pe-types", "sinusoidal,learned",
+           "--fusions", "add,concat", "--seeds", "0", "--max-concurrent", "1", "--num-cpus", "2", "--no-dashboard"]
+
+
+@pytest.fixture
+def s3_server(tmp_path):
+    """An S3-compatible server of the test's own with a bucket `sweeps`, stopped by its handle."""
+    port = free_port()
+    server = start_s3_server(port, tmp_path)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop_process_group(server, port)
+
+
+def _kill_a_trial_after_its_third_epoch(ray_tmp: Path, killed: dict, deadline_s: float = 240) -> threading.Thread:
+    """A thread that SIGKILLs the process of the first trial to report its 3rd epoch (read from the driver's staging
+    copy of its result.json under the sweep's own RAY_TMPDIR), noting its pid, epoch and trial id in `killed`."""
+    def watch() -> None:
+        deadline = time.time() + deadline_s
+        while time.time() < deadline:
+            for result_file in ray_tmp.rglob("driver_artifacts/pefusion_trainable_*/result.json"):
+                reports = []
+                for line in result_file.read_text().splitlines():
+                    try:
+                        reports.append(json.loads(line))
+                    except json.JSONDecodeError:  # a line being written
+                        pass
+                if len(reports) >= 3 and R.STATUS not in reports[-1]:
+                    killed.update(pid=reports[-1]["pid"], epoch=reports[-1][R.EPOCH], trial_id=reports[-1]["trial_id"])
+                    os.kill(killed["pid"], signal.SIGKILL)
+                    return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _bucket_reports(endpoint: str, experiment: str, trial_id: str) -> list[dict]:
+    """The reports of trial `trial_id` as Ray stored them in the bucket (its result.json there)."""
+    from pyarrow import fs
+
+    store = fs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
+                            endpoint_override=endpoint)
+    for info in store.get_file_info(fs.FileSelector(f"sweeps/ray/{experiment}")):
+        if info.base_name.startswith("pefusion_trainable_") and trial_id in info.base_name:
+            with store.open_input_stream(f"{info.path}/result.json") as f:
+                return [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+    raise AssertionError(f"no folder of trial {trial_id} in the bucket")
+
+
+def _restored_from_its_checkpoint(reports: list[dict], killed: dict) -> None:
+    """The killed trial went on in a new process from its last epoch checkpoint (not from epoch 1) to its end."""
+    after = [r for r in reports if r["pid"] != killed["pid"]]
+    assert after, "no report from a new process: the trial was not restarted"
+    assert 1 < after[0][R.EPOCH] <= killed["epoch"] + 1, (killed, [(r["pid"], r.get(R.EPOCH)) for r in reports])
+    assert after[-1][R.STATUS] == R.STATUS_OK
+
+
+@pytest.mark.slow
+def test_s3_at_its_own_endpoint_survives_a_killed_trial_and_ctrl_c_then_the_printed_resume(tmp_path, cache_dir,
+                                                                                             s3_server):
+    """Checkpoints in an S3-compatible store, its endpoint given in the environment (AWS_ENDPOINT_URL) or in the
+    storage URI's query (`s3://sweeps/ray?endpoint_override=HOST:PORT&scheme=http`, the form pyarrow and Ray read).
+    Either way a trial whose process is killed after its 3rd epoch goes on from its checkpoint in the bucket; with
+    the endpoint in the URI, Ctrl-C prints a --resume command whose storage URI is the one typed (its query kept),
+    and that command, run as printed, ends with the CSV and MLflow of an uninterrupted sweep on local storage (the
+    same numbers on CPU, timing aside), every run FINISHED."""
+    from test_field_conditions import INTERRUPTED_LINE, _history, _mlflow
+    from study_names import EPOCH_METRICS, TIMING_METRICS
+
+    endpoint = s3_server
+    uri = f"s3://sweeps/ray?endpoint_override={endpoint}&scheme=http"
+    script = [sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *S3_GRID, "--cache-dir", str(cache_dir)]
+    ray_tmp = Path(tempfile.mkdtemp(prefix="pfs3-"))  # the drivers' Ray sessions, watched for a trial's epochs
+    try:
+        reference = subprocess.run([*script, "--name", "local", "-q", "--tracking-uri", f"sqlite:///{tmp_path}/local.db"],
+                                   cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+        assert reference.returncode == 0, reference.stderr[-3000:]
+
+        # the endpoint in the environment: a trial's process killed mid-run
+        env_env = subprocess_env(**S3_CREDENTIALS, AWS_ENDPOINT_URL=f"http://{endpoint}", RAY_TMPDIR=str(ray_tmp / "e"))
+        killed_env: dict = {}
+        killer = _kill_a_trial_after_its_third_epoch(ray_tmp / "e", killed_env)
+        by_env = subprocess.run([*script, "--name", "env", "-q", "--storage-path", "s3://sweeps/ray", "--tracking-uri",
+                                 f"sqlite:///{tmp_path}/env.db"], cwd=tmp_path, env=env_env, capture_output=True,
+                                text=True, timeout=600)
+        killer.join(timeout=5)
+        assert by_env.returncode == 0, by_env.stderr[-3000:]
+        assert killed_env, "the trial finished before it could be killed"
+        _restored_from_its_checkpoint(_bucket_reports(endpoint, "env", killed_env["trial_id"]), killed_env)
+
+        # the endpoint in the URI: a trial's process killed, then Ctrl-C once the first trial has ended
+        uri_env = subprocess_env(**S3_CREDENTIALS, AWS_ENDPOINT_URL=None, RAY_TMPDIR=str(ray_tmp / "u"))
+        killed: dict = {}
+        killer = _kill_a_trial_after_its_third_epoch(ray_tmp / "u", killed)
+        driver = subprocess.Popen([*script, "--name", "cut", "--storage-path", uri, "--tracking-uri",
+                                   f"sqlite:///{tmp_path}/cut.db"], cwd=tmp_path, env=uri_env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for line in driver.stdout:
+            if " 1/4 done " in line:
+                break
+        killer.join(timeout=5)
+        assert killed, "the first trial finished before it could be killed"
+        time.sleep(1.5)  # the next trial is training
+        driver.send_signal(signal.SIGINT)
+        out, err = driver.communicate(timeout=120)
+        assert driver.returncode == 130, err[-3000:]
+        match = INTERRUPTED_LINE.match([ln for ln in err.splitlines() if ln.strip()][-1])
+        assert match, err[-3000:]
+        command = shlex.split(match.group(5))
+        assert command[command.index("--storage-path") + 1] == uri  # the query kept, the name not appended to it
+        assert _mlflow(tmp_path / "cut.db")["parent"].info.status == "KILLED"
+
+        resumed = subprocess.run(match.group(5), shell=True, cwd=tmp_path, env=uri_env, capture_output=True,
+                                 text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"Ray experiment: s3://sweeps/ray/cut?endpoint_override={endpoint}&scheme=http" in resumed.stdout
+        _restored_from_its_checkpoint(_bucket_reports(endpoint, "cut", killed["trial_id"]), killed)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+    want_csv = _comparable(tmp_path / "results" / "local_results_by_seed.csv")
+    ref = _mlflow(tmp_path / "local.db")
+    for name in ("env", "cut"):
+        pd.testing.assert_frame_equal(_comparable(tmp_path / "results" / f"{name}_results_by_seed.csv"), want_csv)
+        got = _mlflow(tmp_path / f"{name}.db")
+        assert got["parent"].info.status == "FINISHED" and set(got["children"]) == set(ref["children"])
+        for key, want in ref["children"].items():
+            run = got["children"][key]
+            assert run.info.status == "FINISHED" and run.data.tags[R.TAG_STATUS] == R.STATUS_OK, (name, key)
+            assert run.data.params == want.data.params, (name, key)
+            drop = lambda m: {k: v for k, v in m.items() if k not in TIMING_METRICS}  # noqa: E731
+            assert drop(run.data.metrics) == drop(want.data.metrics), (name, key)
+            for metric in EPOCH_METRICS:  # each epoch once, with the uninterrupted sweep's values
+                assert _history(got["client"], run, metric) == _history(ref["client"], want, metric), (name, key)
