@@ -10,6 +10,7 @@ those of an uninterrupted training of the same configuration in this process.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -40,7 +41,14 @@ def cluster(monkeypatch):
     """A head node with no CPU (the driver and Tune run there, never a trial: every trial gets the corpus from
     another node's object store) and three one-CPU worker nodes. Three, not two: after one is lost, two nodes still
     hold trials that never moved (a node that joins later is not enough: Tune gives the pending trials to the actors
-    it already has, which start them seconds before a fresh node's first worker has imported torch).
+    it already has, which start them seconds before a fresh node's first worker has imported torch)."""
+    with _own_cluster(monkeypatch, {"num_cpus": 0}, *[{"num_cpus": 1}] * 3) as (cluster, nodes):
+        yield cluster, nodes[1:]
+
+
+@contextlib.contextmanager
+def _own_cluster(monkeypatch, *nodes: dict):
+    """A Ray cluster of `nodes` (the first the head; each `Cluster.add_node`'s arguments) on this machine.
 
     Kept off anything else on the machine: the head's GCS and dashboard agent on free ports (never 6379/52365),
     RAY_TMPDIR a short temp dir of its own (the nodes' session dirs, and the `ray_current_cluster` file Ray writes
@@ -54,11 +62,12 @@ def cluster(monkeypatch):
     monkeypatch.setenv("RAY_TMPDIR", str(temp))
     cluster = Cluster()
     try:
-        cluster.add_node(num_cpus=0, gcs_server_port=free_port(), dashboard_agent_listen_port=free_port(),
-                         include_dashboard=False)
-        workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
+        head, *workers = nodes
+        made = [cluster.add_node(**head, gcs_server_port=free_port(), dashboard_agent_listen_port=free_port(),
+                                 include_dashboard=False)]
+        made += [cluster.add_node(**worker) for worker in workers]
         cluster.wait_for_nodes()
-        yield cluster, workers
+        yield cluster, made
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -189,3 +198,69 @@ def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_pre
     finally:
         torch.set_num_threads(threads)
     print(f"sweep with a node lost: {duration:.0f} s")
+
+
+# --- `--gpus-per-trial auto` measured on the cluster's GPU node, from a driver without a GPU ------------------
+
+CARD_KIND = "PEFUSION_TEST_CARD"  # the kind of card the worker declares, as Ray labels a node's GPUs
+CARD_BYTES = 16 * 1024 ** 3
+PEAK_BYTES = 3 * 1024 ** 3
+
+
+def _fixed_peak(points):
+    """The test study's probe: the worker's GPUs are logical (no CUDA), so it says what a card would have measured."""
+    return PEAK_BYTES, f"the largest of {len(points)} trials"
+
+
+def _fixed_card():
+    """The test study's card: 16 GiB, all of it free but the probe's own CUDA context."""
+    from pefusion.sweep.gpus import CONTEXT_BYTES
+
+    return CARD_BYTES - CONTEXT_BYTES, CARD_BYTES, f"{CARD_KIND} card"
+
+
+@pytest.mark.slow
+def test_auto_measures_on_the_clusters_gpu_node_from_a_driver_without_one(monkeypatch, in_tmp, smoke_preset,
+                                                                         smoke_corpus):
+    """A head without GPUs and a worker with 2 logical GPUs labelled as a kind of card; the driver (this process,
+    no CUDA) joins with `--gpus-per-trial` left out. The probe runs as a Ray task on the worker (the node id in the
+    line and the parent's tag is the worker's), and the trials get its fraction: (3 + 0.5) GiB per trial in 90 % of
+    16 GiB is 4 per card, 0.25 GPU each: both trials on the worker's GPU 0 at once."""
+    import ray.cloudpickle
+
+    from pefusion.fusion.study import pefusion_study
+    from pefusion.fusion.trainable import pefusion_trainable
+    from pefusion.sweep.driver import run_sweep
+    from pefusion.sweep.options import SweepOptions
+    from pefusion.sweep.space import parse_search_space
+    from pefusion.fusion.config import RULES
+    from mlflow.tracking import MlflowClient
+    from pefusion.tracking.store import resolve_tracking_uri
+
+    with _own_cluster(monkeypatch, {"num_cpus": 1},
+                      {"num_cpus": 2, "num_gpus": 2, "resources": {f"accelerator_type:{CARD_KIND}": 1}}) as (c, nodes):
+        worker = nodes[1]
+        space = parse_search_space({R.FUSION: {"grid": ["add", "concat"]}, R.SEED: {"grid": [0]}}, RULES)
+        study = dataclasses.replace(
+            pefusion_study("arxiv_grid", "smoke", smoke_preset, space, 1.0, corpus=smoke_corpus,
+                           trainable=pefusion_trainable),
+            gpu_probe=_fixed_peak, gpu_card=_fixed_card)
+        opts = SweepOptions(sweep="arxiv_grid", experiment="pe-fusion", storage_path=str(in_tmp / "ray_results"),
+                            address=c.address, dashboard=False, verbose=0, progress=False, name="gpus")
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the probe's functions travel to the node
+        try:
+            result = run_sweep(study, opts, in_tmp / "results")
+        finally:
+            ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+    assert list(result.rows[R.STATUS]) == [R.STATUS_OK] * 2
+    # Ray gave both trials the worker's GPU 0 at once: a quarter each (a trial on CPU records no GPU share, and a
+    # trial of a logical GPU trains on the CPU, so CUDA_VISIBLE_DEVICES, which Ray sets, is what shows it)
+    rows = result.rows
+    assert set(rows[R.NODE]) == {worker.node_id} and list(rows[R.VISIBLE_DEVICES].astype(str)) == ["0", "0"]
+    assert rows[R.STARTED_AT].max() < rows[R.ENDED_AT].min(), "the two trials did not share the card"
+    client = MlflowClient(resolve_tracking_uri())
+    tags = client.get_run(result.parent_run_id).data.tags
+    assert tags[R.TAG_GPUS_PER_TRIAL] == "0.25"
+    assert tags[R.TAG_GPUS_AUTO].startswith("0.25 GPU per trial, 4 trials per card: the largest of 2 trials peaks ")
+    assert tags[R.TAG_GPUS_AUTO].endswith(f"on {CARD_KIND} card); measured on {CARD_KIND} card on node {worker.node_id}")

@@ -302,6 +302,8 @@ def test_s3_at_its_own_endpoint_survives_a_killed_trial_and_ctrl_c_then_the_prin
         for line in driver.stdout:
             if " 1/4 done " in line:
                 break
+        else:
+            raise AssertionError("the sweep ended before its first trial did:\n" + driver.stderr.read()[-3000:])
         killer.join(timeout=5)
         assert killed, "the first trial finished before it could be killed"
         time.sleep(1.5)  # the next trial is training

@@ -1,9 +1,10 @@
 """One place that settles a sweep before Ray starts (`settle`): from a study and the options of its flags, every
 option as the sweep will run it, or a one-line ConfigError.
 
-What it settles, in order: every point of the search space checked; the Ray experiment's name and folder, and for
-`--resume` that there is one to continue, saved by a version that this one resumes; the stackable key stacked or
-not; GPUs per trial (`auto`: measured) and the request checked against the local cluster this command would start
+What it settles, in order: every point of the search space checked; the Ray experiment's name and folder (in object
+storage: the store reached), and for `--resume` that there is one to continue, saved by a version that this one
+resumes; the stackable key stacked or not; GPUs per trial (`auto`: measured here, or with `--address` on the
+cluster's GPU nodes, which joins it) and the request checked against the local cluster this command would start
 (`pefusion.sweep.gpus`; a joined cluster is checked once joined: only then are its nodes known); the MLflow
 tracking store (resolved and reachable) and experiment.
 """
@@ -17,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from pefusion.errors import ConfigError
+from pefusion.sweep.cluster import probe_on_cluster
 from pefusion.sweep.gpus import check_resources, local_node, resolve_gpus
 from pefusion.sweep.options import DEFAULT_STORAGE, SweepOptions, experiment_path
 from pefusion.sweep.space import Stack
@@ -51,7 +53,7 @@ def settle(study: StudySweep, opts: SweepOptions) -> SettledSweep:
     elif Path(path).exists():
         raise ConfigError(f"experiment {path} exists: pass --resume to continue it, or another --name")
     study = resolve_stacking(study, opts)
-    opts = resolve_gpus(study, opts)
+    opts = resolve_gpus(study, opts, probe_on_cluster(opts.address, opts.verbose) if opts.address else None)
     if not opts.address and not _ray_running():  # (a sweep inside a running `ray.init` is checked by Ray's nodes)
         check_resources(opts, [local_node(opts)])
     uri = resolve_tracking_uri(opts.tracking_uri)
