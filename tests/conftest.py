@@ -87,17 +87,19 @@ def free_port() -> int:
 
 
 
-def start_mlflow_server(port: int, root: Path, store: str | None = None) -> subprocess.Popen:
-    """`mlflow server` on 127.0.0.1:port over `store` (default: sqlite root/srv.db) and root/artifacts, in a process
-    group of its own (it starts workers); returns once /health answers."""
+def start_mlflow_server(port: int, root: Path, store: str | None = None, artifacts: str | None = None,
+                        **env: str) -> subprocess.Popen:
+    """`mlflow server` on 127.0.0.1:port over `store` (default: sqlite root/srv.db) and `artifacts` (default:
+    root/artifacts; an s3:// one reached with `env`'s credentials and MLFLOW_S3_ENDPOINT_URL), in a process group of
+    its own (it starts workers); returns once /health answers."""
     log = open(root / "server.log", "ab")
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", store or f"sqlite:///{root / 'srv.db'}",
-         "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
+         "--artifacts-destination", artifacts or str(root / "artifacts"), "--workers", "1"],
         stdout=log, stderr=log, start_new_session=True,
         # its job runner (GenAI scorers: 8 more processes, nothing of tracking) would double its start on 2 CPUs
-        env=subprocess_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
+        env=subprocess_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **env))
     deadline = time.time() + 120
     while True:
         try:

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from conftest import REPO, S3_CREDENTIALS, free_port, start_s3_server, stop_process_group, subprocess_env
+from conftest import (REPO, S3_CREDENTIALS, free_port, start_mlflow_server, start_s3_server, stop_process_group,
+                      subprocess_env)
 from pefusion import record as R
 from study_names import TIMING_COLUMNS
 
@@ -338,3 +339,50 @@ def test_s3_at_its_own_endpoint_survives_a_killed_trial_and_ctrl_c_then_the_prin
             assert drop(run.data.metrics) == drop(want.data.metrics), (name, key)
             for metric in EPOCH_METRICS:  # each epoch once, with the uninterrupted sweep's values
                 assert _history(got["client"], run, metric) == _history(ref["client"], want, metric), (name, key)
+
+
+@pytest.mark.slow
+def test_an_mlflow_server_keeping_its_artifacts_in_s3_records_a_sweep_its_report_and_a_model(tmp_path, cache_dir,
+                                                                                            s3_server):
+    """`mlflow server --artifacts-destination s3://sweeps/mlflow` (the server alone reaches the bucket, its endpoint
+    in MLFLOW_S3_ENDPOINT_URL): a sweep with its checkpoints in the same bucket records through it, the report
+    reads it and logs its page, and a trial's model is exported; every artifact is an object in the bucket."""
+    from mlflow.tracking import MlflowClient
+    from pyarrow import fs
+
+    endpoint, port = s3_server, free_port()
+    server = start_mlflow_server(port, tmp_path, artifacts="s3://sweeps/mlflow", **S3_CREDENTIALS,
+                                 MLFLOW_S3_ENDPOINT_URL=f"http://{endpoint}")
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        env = subprocess_env(**S3_CREDENTIALS, AWS_ENDPOINT_URL=None, MLFLOW_S3_ENDPOINT_URL=None)
+
+        def run(*cmd: str) -> subprocess.CompletedProcess:
+            proc = subprocess.run([sys.executable, *cmd], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                  timeout=600)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            return proc
+
+        run(str(REPO / "sweeps" / "arxiv_grid.py"), "--preset", "arxiv", "--synthetic", "--smoke", "--pe-types",
+            "sinusoidal", "--fusions", "add", "--seeds", "0", "--num-cpus", "2", "--no-dashboard", "-q", "--name",
+            "served", "--storage-path", f"s3://sweeps/ray?endpoint_override={endpoint}&scheme=http",
+            "--tracking-uri", uri, "--cache-dir", str(cache_dir))
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name("pe-fusion")
+        (parent,) = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
+        (child,) = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_PARENT}` = '{parent.info.run_id}'")
+        assert parent.info.status == child.info.status == "FINISHED"
+        run(str(REPO / "scripts" / "report.py"), "--tracking-uri", uri, "--out", str(tmp_path / "report"))
+        run(str(REPO / "scripts" / "export_model.py"), "--run", child.info.run_id, "--tracking-uri", uri)
+    finally:
+        stop_process_group(server, port)
+
+    store = fs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
+                            endpoint_override=endpoint)
+    keys = [i.path for i in store.get_file_info(fs.FileSelector("sweeps/mlflow", recursive=True)) if i.is_file]
+    run_folder = f"sweeps/mlflow/{exp.experiment_id}/{child.info.run_id}/artifacts/"
+    assert f"{run_folder}{R.ARTIFACT_CHECKPOINT_DIR}/model.pt" in keys, keys
+    assert any(k.startswith(f"sweeps/mlflow/{exp.experiment_id}/{parent.info.run_id}/") and k.endswith(".html")
+               for k in keys), keys
+    assert any(k.endswith("/MLmodel") for k in keys), keys  # the exported model
+    assert not (tmp_path / "artifacts").exists()  # nothing kept on the server's disk
