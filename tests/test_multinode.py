@@ -95,7 +95,35 @@ def _training_on(exp_dir: Path, node_id: str) -> Path | None:
     return None
 
 
-def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_preset, cluster):
+def _stored(kind: str, exp_dir: Path, endpoint: str | None):
+    """The experiment's folder as Ray stored it, as a pyarrow filesystem and its path there: on the disk, or in the
+    bucket (the endpoint of the test's S3 server)."""
+    from pyarrow import fs
+
+    if kind == "disk":
+        return fs.LocalFileSystem(), str(exp_dir)
+    return fs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
+                           endpoint_override=endpoint), f"sweeps/ray/{exp_dir.name}"
+
+
+def _listed(store, path: str, prefix: str) -> list[str]:
+    from pyarrow import fs
+
+    return sorted(i.path for i in store.get_file_info(fs.FileSelector(path)) if i.base_name.startswith(prefix))
+
+
+def _stored_reports(store, trial_path: str) -> list[dict]:
+    with store.open_input_stream(f"{trial_path}/result.json") as f:
+        return [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+
+
+# "s3": checkpoints in a bucket of the test's own S3 server, the endpoint in the storage URI (slow: ~2 min more).
+@pytest.mark.parametrize("kind", ["disk", pytest.param("s3", marks=pytest.mark.slow)])
+def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_preset, cluster, kind, request):
+    """`disk`: the storage a folder every node shares; `s3`: a bucket (`--storage-path
+    's3://sweeps/ray?endpoint_override=HOST:PORT&scheme=http'`), from which the lost trial restarts elsewhere."""
+    import os
+
     import ray
     from mlflow.tracking import MlflowClient
 
@@ -106,18 +134,25 @@ def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_pre
     cluster, (_, victim, _) = cluster
     storage, db = tmp_path / "shared_storage", tmp_path / "mlflow.db"
     exp_dir = storage / "nodes"
+    endpoint = request.getfixturevalue("s3_server") if kind == "s3" else None
+    storage_path = str(storage) if kind == "disk" else f"s3://sweeps/ray?endpoint_override={endpoint}&scheme=http"
+    # where the driver writes the trials' reports as they come: the shared folder, or with a bucket its staging
+    # folder in the Ray session (under the cluster's RAY_TMPDIR), synced to the bucket
+    staging = Path(os.environ["RAY_TMPDIR"])
     log_path = tmp_path / "driver.log"
     started = time.time()
     with log_path.open("w") as log:
         driver = subprocess.Popen(
             [sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *GRID, "--address", cluster.address,
-             "--name", "nodes", "--storage-path", str(storage), "--tracking-uri", f"sqlite:///{db}",
+             "--name", "nodes", "--storage-path", storage_path, "--tracking-uri", f"sqlite:///{db}",
              "--cache-dir", str(cache_dir)],
             cwd=tmp_path, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT)
     try:
         # Lose the node under a running trial, once that trial has a checkpoint (its first epoch).
         deadline = time.time() + 180
-        while (lost_dir := _training_on(exp_dir, victim.node_id)) is None:
+        while (lost_dir := _training_on(exp_dir if kind == "disk" else
+                                        next(staging.rglob("nodes/driver_artifacts"), exp_dir),
+                                        victim.node_id)) is None:
             assert driver.poll() is None, "the sweep ended before a trial ran on the node:\n" + log_path.read_text()
             assert time.time() < deadline, "no trial reported from the node:\n" + log_path.read_text()[-3000:]
             time.sleep(0.05)
@@ -156,7 +191,9 @@ def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_pre
 
     # 4. the node really went mid-trial: the lost trial reported epochs from it, then went on from its checkpoint
     # (not from epoch 1) on another node, where it finished; its tag names that node
-    lost = _reports(lost_dir)
+    store, stored_dir = _stored(kind, exp_dir, endpoint)
+    trial_paths = _listed(store, stored_dir, "pefusion_trainable_")
+    lost = _stored_reports(store, f"{stored_dir}/{lost_dir.name}")
     lost_id = lost[-1]["trial_id"]
     n_before = sum(r.get(R.NODE) == victim.node_id for r in lost)
     before, after = lost[:n_before], lost[n_before:]
@@ -165,14 +202,15 @@ def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_pre
     assert 2 <= after[0][R.EPOCH] <= before[-1][R.EPOCH] + 1, [(r.get(R.EPOCH), r[R.NODE][:8]) for r in lost]
     assert after[-1][R.STATUS] == R.STATUS_OK and tags[lost_id] == after[-1][R.NODE] and nodes[tags[lost_id]]
 
-    # 3. results in the storage folder every node wrote to: each trial's directory holds its reports and its last
+    # 3. results in the storage every node wrote to: each trial's directory holds its reports and its last
     # checkpoint (the final record, the node that wrote it)
     for trial_id, run in by_trial.items():
-        (trial_dir,) = [d for d in exp_dir.glob("pefusion_trainable_*") if _reports(d)[-1]["trial_id"] == trial_id]
-        (checkpoint,) = trial_dir.glob("checkpoint_*")
-        record = json.loads((checkpoint / "record.json").read_text())
+        (trial_path,) = [d for d in trial_paths if _stored_reports(store, d)[-1]["trial_id"] == trial_id]
+        (checkpoint,) = _listed(store, trial_path, "checkpoint_")
+        with store.open_input_stream(f"{checkpoint}/record.json") as f:
+            record = json.loads(f.read())
         assert record[R.NODE] == tags[trial_id] and record[R.TEST_ACC] == pytest.approx(run.data.metrics[R.TEST_ACC])
-        assert (checkpoint / R.ARTIFACT_CHECKPOINT_DIR / "model.pt").exists()
+        assert store.get_file_info(f"{checkpoint}/{R.ARTIFACT_CHECKPOINT_DIR}/model.pt").is_file
 
     # 2. every node had the same corpus (object store), and the resumed trial lost nothing: each trial's epochs
     # and test accuracy are those of the same configuration trained here without interruption (one thread, as in

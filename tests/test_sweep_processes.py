@@ -20,8 +20,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from conftest import (REPO, S3_CREDENTIALS, free_port, start_mlflow_server, start_s3_server, stop_process_group,
-                      subprocess_env)
+from conftest import REPO, S3_CREDENTIALS, free_port, start_mlflow_server, stop_process_group, subprocess_env
 from pefusion import record as R
 from study_names import TIMING_COLUMNS
 
@@ -202,17 +201,6 @@ def test_address_auto_joins_a_running_cluster(tmp_path, cache_dir, head_node):
 # the sweep is interrupted once the first trial has ended.
 S3_GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "8", "--pe-types", "sinusoidal,learned",
            "--fusions", "add,concat", "--seeds", "0", "--max-concurrent", "1", "--num-cpus", "2", "--no-dashboard"]
-
-
-@pytest.fixture
-def s3_server(tmp_path):
-    """An S3-compatible server of the test's own with a bucket `sweeps`, stopped by its handle."""
-    port = free_port()
-    server = start_s3_server(port, tmp_path)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        stop_process_group(server, port)
 
 
 def _kill_a_trial_after_its_third_epoch(ray_tmp: Path, killed: dict, deadline_s: float = 240) -> threading.Thread:
