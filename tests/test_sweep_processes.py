@@ -201,6 +201,11 @@ def test_address_auto_joins_a_running_cluster(tmp_path, cache_dir, head_node):
 # the sweep is interrupted once the first trial has ended.
 S3_GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "8", "--pe-types", "sinusoidal,learned",
            "--fusions", "add,concat", "--seeds", "0", "--max-concurrent", "1", "--num-cpus", "2", "--no-dashboard"]
+S3_URI = "s3://sweeps/ray?endpoint_override={endpoint}&scheme=http"
+# The two sweeps over the bucket, as docs/clusters.md names them ({endpoint}: the server's HOST:PORT, {db}: the
+# sqlite file; `env` runs with AWS_ENDPOINT_URL=http://{endpoint}); the test adds --cache-dir (and -q to `env`).
+S3_SWEEPS = {"env": [*S3_GRID, "--name", "env", "--storage-path", "s3://sweeps/ray", "--tracking-uri", "sqlite:///{db}"],
+             "cut": [*S3_GRID, "--name", "cut", "--storage-path", S3_URI, "--tracking-uri", "sqlite:///{db}"]}
 
 
 def _kill_a_trial_after_its_third_epoch(ray_tmp: Path, killed: dict, deadline_s: float = 240) -> threading.Thread:
@@ -261,11 +266,17 @@ def test_s3_at_its_own_endpoint_survives_a_killed_trial_and_ctrl_c_then_the_prin
     from study_names import EPOCH_METRICS, TIMING_METRICS
 
     endpoint = s3_server
-    uri = f"s3://sweeps/ray?endpoint_override={endpoint}&scheme=http"
-    script = [sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *S3_GRID, "--cache-dir", str(cache_dir)]
+    uri = S3_URI.format(endpoint=endpoint)
+    script = [sys.executable, str(REPO / "sweeps" / "arxiv_grid.py")]
+
+    def args(name: str) -> list[str]:
+        return [a.format(endpoint=endpoint, db=tmp_path / f"{name}.db") for a in S3_SWEEPS[name]] + \
+            ["--cache-dir", str(cache_dir)]
+
     ray_tmp = Path(tempfile.mkdtemp(prefix="pfs3-"))  # the drivers' Ray sessions, watched for a trial's epochs
     try:
-        reference = subprocess.run([*script, "--name", "local", "-q", "--tracking-uri", f"sqlite:///{tmp_path}/local.db"],
+        reference = subprocess.run([*script, *S3_GRID, "--name", "local", "-q", "--tracking-uri",
+                                    f"sqlite:///{tmp_path}/local.db", "--cache-dir", str(cache_dir)],
                                    cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=600)
         assert reference.returncode == 0, reference.stderr[-3000:]
 
@@ -273,8 +284,7 @@ def test_s3_at_its_own_endpoint_survives_a_killed_trial_and_ctrl_c_then_the_prin
         env_env = subprocess_env(**S3_CREDENTIALS, AWS_ENDPOINT_URL=f"http://{endpoint}", RAY_TMPDIR=str(ray_tmp / "e"))
         killed_env: dict = {}
         killer = _kill_a_trial_after_its_third_epoch(ray_tmp / "e", killed_env)
-        by_env = subprocess.run([*script, "--name", "env", "-q", "--storage-path", "s3://sweeps/ray", "--tracking-uri",
-                                 f"sqlite:///{tmp_path}/env.db"], cwd=tmp_path, env=env_env, capture_output=True,
+        by_env = subprocess.run([*script, *args("env"), "-q"], cwd=tmp_path, env=env_env, capture_output=True,
                                 text=True, timeout=600)
         killer.join(timeout=5)
         assert by_env.returncode == 0, by_env.stderr[-3000:]
@@ -285,9 +295,8 @@ def test_s3_at_its_own_endpoint_survives_a_killed_trial_and_ctrl_c_then_the_prin
         uri_env = subprocess_env(**S3_CREDENTIALS, AWS_ENDPOINT_URL=None, RAY_TMPDIR=str(ray_tmp / "u"))
         killed: dict = {}
         killer = _kill_a_trial_after_its_third_epoch(ray_tmp / "u", killed)
-        driver = subprocess.Popen([*script, "--name", "cut", "--storage-path", uri, "--tracking-uri",
-                                   f"sqlite:///{tmp_path}/cut.db"], cwd=tmp_path, env=uri_env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        driver = subprocess.Popen([*script, *args("cut")], cwd=tmp_path, env=uri_env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
         for line in driver.stdout:
             if " 1/4 done " in line:
                 break
