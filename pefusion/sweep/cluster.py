@@ -2,8 +2,8 @@
 `--gpus-per-trial auto` (`probe_on_cluster`), on a GPU node of each kind of card the cluster reports, so that a
 driver on a head node without a GPU packs the trials for the cards they will run on.
 
-Ray labels a node's GPUs with their kind as a resource (`accelerator_type:H100`, set by `ray start` from what the
-node's driver reports, or declared with `--resources`); nodes with GPUs but no such label are one kind of their own.
+Ray labels a node's GPUs with their kind as a resource (`accelerator_type:H100`, which `ray start` detects from the
+node's cards, or declared with `--resources`); nodes with GPUs but no such label are one kind of their own.
 """
 from __future__ import annotations
 
