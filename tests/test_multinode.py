@@ -6,7 +6,10 @@ The driver is the command a user types (`sweeps/arxiv_grid.py --address <head>`)
 kills the worker node a trial is running on once that trial has reported its first epoch, as a cluster losing a
 machine would. The sweep must end complete: every trial ok, one MLflow child run per trial with each epoch once,
 the lost trial finished from its checkpoint on another node and tagged with that node, and every trial's numbers
-those of an uninterrupted training of the same configuration in this process.
+those of an uninterrupted training of the same configuration in this process; with the storage on a shared disk,
+and (slow) in a bucket of an S3 server the test starts.
+
+And `--gpus-per-trial auto` from a driver without a GPU: measured by a Ray task on the cluster's GPU node.
 """
 from __future__ import annotations
 
