@@ -25,6 +25,11 @@ SESSION_DIR = Path(tempfile.mkdtemp(prefix="pefusion-tests-"))
 atexit.register(shutil.rmtree, SESSION_DIR, True)
 
 
+# Credentials for the test's own S3 server (moto accepts any); no instance metadata lookup when one is missing.
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                  "AWS_EC2_METADATA_DISABLED": "true"}
+
+
 def _isolate_from_the_users_machine() -> None:
     """Set (not setdefault) what keeps the suite off the network and out of the user's caches and clusters.
 
@@ -45,6 +50,10 @@ def _isolate_from_the_users_machine() -> None:
     env["PEFUSION_CACHE"] = str(SESSION_DIR / "pefusion_cache")
     # A test that forgets its own store writes here, never to the user's tracking server.
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{SESSION_DIR / 'mlflow.db'}"
+    # S3 only at a server a test starts, with its own credentials: never a user's account, profile or endpoint
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL"):
+        env.pop(var, None)
+    env.update(S3_CREDENTIALS)
     # Ray >= 2.59 turns token authentication on for local clusters and, with no token found, writes one to
     # ~/.ray/auth_token. A token file of the session's own means Ray never writes into the user's home.
     token = SESSION_DIR / "ray_auth_token"
@@ -87,17 +96,19 @@ def free_port() -> int:
 
 
 
-def start_mlflow_server(port: int, root: Path, store: str | None = None) -> subprocess.Popen:
-    """`mlflow server` on 127.0.0.1:port over `store` (default: sqlite root/srv.db) and root/artifacts, in a process
-    group of its own (it starts workers); returns once /health answers."""
+def start_mlflow_server(port: int, root: Path, store: str | None = None, artifacts: str | None = None,
+                        **env: str) -> subprocess.Popen:
+    """`mlflow server` on 127.0.0.1:port over `store` (default: sqlite root/srv.db) and `artifacts` (default:
+    root/artifacts; an s3:// one reached with `env`'s credentials and MLFLOW_S3_ENDPOINT_URL), in a process group of
+    its own (it starts workers); returns once /health answers."""
     log = open(root / "server.log", "ab")
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", store or f"sqlite:///{root / 'srv.db'}",
-         "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
+         "--artifacts-destination", artifacts or str(root / "artifacts"), "--workers", "1"],
         stdout=log, stderr=log, start_new_session=True,
         # its job runner (GenAI scorers: 8 more processes, nothing of tracking) would double its start on 2 CPUs
-        env=subprocess_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))
+        env=subprocess_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **env))
     deadline = time.time() + 120
     while True:
         try:
@@ -106,6 +117,27 @@ def start_mlflow_server(port: int, root: Path, store: str | None = None) -> subp
         except OSError:
             assert server.poll() is None, (root / "server.log").read_text()[-3000:]
             assert time.time() < deadline, "mlflow server did not start"
+            time.sleep(0.3)
+
+
+def start_s3_server(port: int, root: Path, bucket: str = "sweeps") -> subprocess.Popen:
+    """moto's standalone S3-compatible server on 127.0.0.1:port (its objects in its memory), in a process group of
+    its own, with `bucket` created; returns once the bucket exists. Stop it with `stop_process_group`."""
+    from pyarrow import fs
+
+    log = open(root / "s3.log", "ab")
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=log, stderr=log, start_new_session=True, env=subprocess_env(**S3_CREDENTIALS))
+    store = fs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
+                            endpoint_override=f"127.0.0.1:{port}", allow_bucket_creation=True)
+    deadline = time.time() + 60
+    while True:
+        try:
+            store.create_dir(bucket)
+            return server
+        except OSError:
+            assert server.poll() is None, (root / "s3.log").read_text()[-3000:]
+            assert time.time() < deadline, "the S3 server did not start"
             time.sleep(0.3)
 
 
@@ -229,6 +261,17 @@ def write_contradicting_corpus(directory: str | Path, n_train: int = 64, n_test:
     for split, rows in (("train", train), ("validation", flipped), ("test", test)):
         (directory / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return directory
+
+
+@pytest.fixture
+def s3_server(tmp_path):
+    """An S3-compatible server of the test's own with a bucket `sweeps`, stopped by its handle."""
+    port = free_port()
+    server = start_s3_server(port, tmp_path)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop_process_group(server, port)
 
 
 @pytest.fixture(scope="session")

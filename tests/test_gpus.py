@@ -98,13 +98,52 @@ def test_auto_without_a_visible_gpu_means_no_gpu():
     assert packing.reason == "no GPU visible on this machine; trials run on CPU"
 
 
-@cpu_only
-def test_auto_joining_a_cluster_from_a_driver_without_a_gpu_asks_for_a_number():
+def _site(*readings):
+    """A probe site that hands back `readings` (where a cluster's tasks would have measured), asked once."""
+    calls = []
+
+    def site(probe, card, points):
+        calls.append(points)
+        return list(readings)
+
+    site.calls = calls
+    return site
+
+
+def test_auto_on_a_cluster_fits_the_smallest_kind_of_card_and_says_where_it_measured():
+    """(2.5 + 0.5 context) GiB per trial: on an 80 GiB card 24 would fit (8, the cap), on a 24 GiB card 90 % is
+    21.6 GiB, 7 trials: the fraction is 1/7 rounded down, for every card; the line names both nodes."""
+    from pefusion.sweep.gpus import CONTEXT_BYTES, CardReading, auto_packing
+
+    peak = int(2.5 * GIB)
+    site = _site(CardReading(peak, "the big trial", 80 * GIB - CONTEXT_BYTES, 80 * GIB, "H100", "node-h"),
+                 CardReading(peak, "the big trial", 24 * GIB - CONTEXT_BYTES, 24 * GIB, "A10G", "node-a"))
+    packing = auto_packing(_must_not_run, [{}], sweep="arxiv_grid", remote=True, declared_gpus=None, site=site)
+    assert (packing.per_card, packing.gpus_per_trial) == (7, 0.1428) and site.calls == [[{}]]
+    assert "\n" not in packing.reason and "H100 on node node-h" in packing.reason and "A10G on node node-a" in packing.reason
+    assert "H100: 8 per card, A10G: 7 per card" in packing.reason
+
+
+def test_auto_on_a_cluster_without_a_gpu_runs_the_trials_on_cpu():
     from pefusion.sweep.gpus import auto_packing
 
-    with pytest.raises(ConfigError) as err:
-        auto_packing(_must_not_run, [{}], sweep="arxiv_grid", remote=True, declared_gpus=None)
-    assert "\n" not in str(err.value) and "--gpus-per-trial 0.25" in str(err.value)
+    packing = auto_packing(_must_not_run, [{}], sweep="arxiv_grid", remote=True, declared_gpus=None, site=_site())
+    assert (packing.per_card, packing.gpus_per_trial) == (0, 0.0)
+    assert packing.reason == "the cluster has no GPU; trials run on CPU"
+
+
+def test_the_kinds_of_card_are_read_from_rays_accelerator_labels():
+    """One node per kind, the first of each; nodes without GPUs or dead left out; GPUs without a label a kind."""
+    from pefusion.sweep.cluster import gpu_kinds
+
+    def node(i, alive=True, **resources):
+        return {"NodeID": f"n{i}", "Alive": alive, "Resources": {"CPU": 4.0, **resources}}
+
+    nodes = [node(0), node(1, GPU=8.0, **{"accelerator_type:H100": 1.0}), node(2, GPU=8.0, **{"accelerator_type:H100": 1.0}),
+             node(3, alive=False, GPU=4.0, **{"accelerator_type:A10G": 1.0}), node(4, GPU=1.0),
+             node(5, GPU=4.0, **{"accelerator_type:A10G": 1.0})]
+    assert gpu_kinds(nodes) == {"H100": "n1", "unlabelled GPU": "n4", "A10G": "n5"}
+    assert gpu_kinds([node(0)]) == {}
 
 
 def test_auto_for_a_study_that_never_uses_a_gpu_or_a_cluster_declared_without_one_means_no_gpu():

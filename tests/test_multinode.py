@@ -6,10 +6,14 @@ The driver is the command a user types (`sweeps/arxiv_grid.py --address <head>`)
 kills the worker node a trial is running on once that trial has reported its first epoch, as a cluster losing a
 machine would. The sweep must end complete: every trial ok, one MLflow child run per trial with each epoch once,
 the lost trial finished from its checkpoint on another node and tagged with that node, and every trial's numbers
-those of an uninterrupted training of the same configuration in this process.
+those of an uninterrupted training of the same configuration in this process; with the storage on a shared disk,
+and (slow) in a bucket of an S3 server the test starts.
+
+And `--gpus-per-trial auto` from a driver without a GPU: measured by a Ray task on the cluster's GPU node.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -40,7 +44,14 @@ def cluster(monkeypatch):
     """A head node with no CPU (the driver and Tune run there, never a trial: every trial gets the corpus from
     another node's object store) and three one-CPU worker nodes. Three, not two: after one is lost, two nodes still
     hold trials that never moved (a node that joins later is not enough: Tune gives the pending trials to the actors
-    it already has, which start them seconds before a fresh node's first worker has imported torch).
+    it already has, which start them seconds before a fresh node's first worker has imported torch)."""
+    with _own_cluster(monkeypatch, {"num_cpus": 0}, *[{"num_cpus": 1}] * 3) as (cluster, nodes):
+        yield cluster, nodes[1:]
+
+
+@contextlib.contextmanager
+def _own_cluster(monkeypatch, *nodes: dict):
+    """A Ray cluster of `nodes` (the first the head; each `Cluster.add_node`'s arguments) on this machine.
 
     Kept off anything else on the machine: the head's GCS and dashboard agent on free ports (never 6379/52365),
     RAY_TMPDIR a short temp dir of its own (the nodes' session dirs, and the `ray_current_cluster` file Ray writes
@@ -54,11 +65,12 @@ def cluster(monkeypatch):
     monkeypatch.setenv("RAY_TMPDIR", str(temp))
     cluster = Cluster()
     try:
-        cluster.add_node(num_cpus=0, gcs_server_port=free_port(), dashboard_agent_listen_port=free_port(),
-                         include_dashboard=False)
-        workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
+        head, *workers = nodes
+        made = [cluster.add_node(**head, gcs_server_port=free_port(), dashboard_agent_listen_port=free_port(),
+                                 include_dashboard=False)]
+        made += [cluster.add_node(**worker) for worker in workers]
         cluster.wait_for_nodes()
-        yield cluster, workers
+        yield cluster, made
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -86,7 +98,35 @@ def _training_on(exp_dir: Path, node_id: str) -> Path | None:
     return None
 
 
-def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_preset, cluster):
+def _stored(kind: str, exp_dir: Path, endpoint: str | None):
+    """The experiment's folder as Ray stored it, as a pyarrow filesystem and its path there: on the disk, or in the
+    bucket (the endpoint of the test's S3 server)."""
+    from pyarrow import fs
+
+    if kind == "disk":
+        return fs.LocalFileSystem(), str(exp_dir)
+    return fs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
+                           endpoint_override=endpoint), f"sweeps/ray/{exp_dir.name}"
+
+
+def _listed(store, path: str, prefix: str) -> list[str]:
+    from pyarrow import fs
+
+    return sorted(i.path for i in store.get_file_info(fs.FileSelector(path)) if i.base_name.startswith(prefix))
+
+
+def _stored_reports(store, trial_path: str) -> list[dict]:
+    with store.open_input_stream(f"{trial_path}/result.json") as f:
+        return [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+
+
+# "s3": checkpoints in a bucket of the test's own S3 server, the endpoint in the storage URI (slow: ~2 min more).
+@pytest.mark.parametrize("kind", ["disk", pytest.param("s3", marks=pytest.mark.slow)])
+def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_preset, cluster, kind, request):
+    """`disk`: the storage a folder every node shares; `s3`: a bucket (`--storage-path
+    's3://sweeps/ray?endpoint_override=HOST:PORT&scheme=http'`), from which the lost trial restarts elsewhere."""
+    import os
+
     import ray
     from mlflow.tracking import MlflowClient
 
@@ -97,18 +137,25 @@ def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_pre
     cluster, (_, victim, _) = cluster
     storage, db = tmp_path / "shared_storage", tmp_path / "mlflow.db"
     exp_dir = storage / "nodes"
+    endpoint = request.getfixturevalue("s3_server") if kind == "s3" else None
+    storage_path = str(storage) if kind == "disk" else f"s3://sweeps/ray?endpoint_override={endpoint}&scheme=http"
+    # where the driver writes the trials' reports as they come: the shared folder, or with a bucket its staging
+    # folder in the Ray session (under the cluster's RAY_TMPDIR), synced to the bucket
+    staging = Path(os.environ["RAY_TMPDIR"])
     log_path = tmp_path / "driver.log"
     started = time.time()
     with log_path.open("w") as log:
         driver = subprocess.Popen(
             [sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *GRID, "--address", cluster.address,
-             "--name", "nodes", "--storage-path", str(storage), "--tracking-uri", f"sqlite:///{db}",
+             "--name", "nodes", "--storage-path", storage_path, "--tracking-uri", f"sqlite:///{db}",
              "--cache-dir", str(cache_dir)],
             cwd=tmp_path, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT)
     try:
         # Lose the node under a running trial, once that trial has a checkpoint (its first epoch).
         deadline = time.time() + 180
-        while (lost_dir := _training_on(exp_dir, victim.node_id)) is None:
+        while (lost_dir := _training_on(exp_dir if kind == "disk" else
+                                        next(staging.rglob("nodes/driver_artifacts"), exp_dir),
+                                        victim.node_id)) is None:
             assert driver.poll() is None, "the sweep ended before a trial ran on the node:\n" + log_path.read_text()
             assert time.time() < deadline, "no trial reported from the node:\n" + log_path.read_text()[-3000:]
             time.sleep(0.05)
@@ -147,7 +194,9 @@ def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_pre
 
     # 4. the node really went mid-trial: the lost trial reported epochs from it, then went on from its checkpoint
     # (not from epoch 1) on another node, where it finished; its tag names that node
-    lost = _reports(lost_dir)
+    store, stored_dir = _stored(kind, exp_dir, endpoint)
+    trial_paths = _listed(store, stored_dir, "pefusion_trainable_")
+    lost = _stored_reports(store, f"{stored_dir}/{lost_dir.name}")
     lost_id = lost[-1]["trial_id"]
     n_before = sum(r.get(R.NODE) == victim.node_id for r in lost)
     before, after = lost[:n_before], lost[n_before:]
@@ -156,14 +205,15 @@ def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_pre
     assert 2 <= after[0][R.EPOCH] <= before[-1][R.EPOCH] + 1, [(r.get(R.EPOCH), r[R.NODE][:8]) for r in lost]
     assert after[-1][R.STATUS] == R.STATUS_OK and tags[lost_id] == after[-1][R.NODE] and nodes[tags[lost_id]]
 
-    # 3. results in the storage folder every node wrote to: each trial's directory holds its reports and its last
+    # 3. results in the storage every node wrote to: each trial's directory holds its reports and its last
     # checkpoint (the final record, the node that wrote it)
     for trial_id, run in by_trial.items():
-        (trial_dir,) = [d for d in exp_dir.glob("pefusion_trainable_*") if _reports(d)[-1]["trial_id"] == trial_id]
-        (checkpoint,) = trial_dir.glob("checkpoint_*")
-        record = json.loads((checkpoint / "record.json").read_text())
+        (trial_path,) = [d for d in trial_paths if _stored_reports(store, d)[-1]["trial_id"] == trial_id]
+        (checkpoint,) = _listed(store, trial_path, "checkpoint_")
+        with store.open_input_stream(f"{checkpoint}/record.json") as f:
+            record = json.loads(f.read())
         assert record[R.NODE] == tags[trial_id] and record[R.TEST_ACC] == pytest.approx(run.data.metrics[R.TEST_ACC])
-        assert (checkpoint / R.ARTIFACT_CHECKPOINT_DIR / "model.pt").exists()
+        assert store.get_file_info(f"{checkpoint}/{R.ARTIFACT_CHECKPOINT_DIR}/model.pt").is_file
 
     # 2. every node had the same corpus (object store), and the resumed trial lost nothing: each trial's epochs
     # and test accuracy are those of the same configuration trained here without interruption (one thread, as in
@@ -189,3 +239,69 @@ def test_a_sweep_across_nodes_survives_losing_one(tmp_path, cache_dir, smoke_pre
     finally:
         torch.set_num_threads(threads)
     print(f"sweep with a node lost: {duration:.0f} s")
+
+
+# --- `--gpus-per-trial auto` measured on the cluster's GPU node, from a driver without a GPU ------------------
+
+CARD_KIND = "PEFUSION_TEST_CARD"  # the kind of card the worker declares, as Ray labels a node's GPUs
+CARD_BYTES = 16 * 1024 ** 3
+PEAK_BYTES = 3 * 1024 ** 3
+
+
+def _fixed_peak(points):
+    """The test study's probe: the worker's GPUs are logical (no CUDA), so it says what a card would have measured."""
+    return PEAK_BYTES, f"the largest of {len(points)} trials"
+
+
+def _fixed_card():
+    """The test study's card: 16 GiB, all of it free but the probe's own CUDA context."""
+    from pefusion.sweep.gpus import CONTEXT_BYTES
+
+    return CARD_BYTES - CONTEXT_BYTES, CARD_BYTES, f"{CARD_KIND} card"
+
+
+@pytest.mark.slow
+def test_auto_measures_on_the_clusters_gpu_node_from_a_driver_without_one(monkeypatch, in_tmp, smoke_preset,
+                                                                         smoke_corpus):
+    """A head without GPUs and a worker with 2 logical GPUs labelled as a kind of card; the driver (this process,
+    no CUDA) joins with `--gpus-per-trial` left out. The probe runs as a Ray task on the worker (the node id in the
+    line and the parent's tag is the worker's), and the trials get its fraction: (3 + 0.5) GiB per trial in 90 % of
+    16 GiB is 4 per card, 0.25 GPU each: both trials on the worker's GPU 0 at once."""
+    import ray.cloudpickle
+
+    from pefusion.fusion.study import pefusion_study
+    from pefusion.fusion.trainable import pefusion_trainable
+    from pefusion.sweep.driver import run_sweep
+    from pefusion.sweep.options import SweepOptions
+    from pefusion.sweep.space import parse_search_space
+    from pefusion.fusion.config import RULES
+    from mlflow.tracking import MlflowClient
+    from pefusion.tracking.store import resolve_tracking_uri
+
+    with _own_cluster(monkeypatch, {"num_cpus": 1},
+                      {"num_cpus": 2, "num_gpus": 2, "resources": {f"accelerator_type:{CARD_KIND}": 1}}) as (c, nodes):
+        worker = nodes[1]
+        space = parse_search_space({R.FUSION: {"grid": ["add", "concat"]}, R.SEED: {"grid": [0]}}, RULES)
+        study = dataclasses.replace(
+            pefusion_study("arxiv_grid", "smoke", smoke_preset, space, 1.0, corpus=smoke_corpus,
+                           trainable=pefusion_trainable),
+            gpu_probe=_fixed_peak, gpu_card=_fixed_card)
+        opts = SweepOptions(sweep="arxiv_grid", experiment="pe-fusion", storage_path=str(in_tmp / "ray_results"),
+                            address=c.address, dashboard=False, verbose=0, progress=False, name="gpus")
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the probe's functions travel to the node
+        try:
+            result = run_sweep(study, opts, in_tmp / "results")
+        finally:
+            ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+    assert list(result.rows[R.STATUS]) == [R.STATUS_OK] * 2
+    # Ray gave both trials the worker's GPU 0 at once: a quarter each (a trial on CPU records no GPU share, and a
+    # trial of a logical GPU trains on the CPU, so CUDA_VISIBLE_DEVICES, which Ray sets, is what shows it)
+    rows = result.rows
+    assert set(rows[R.NODE]) == {worker.node_id} and list(rows[R.VISIBLE_DEVICES].astype(str)) == ["0", "0"]
+    assert rows[R.STARTED_AT].max() < rows[R.ENDED_AT].min(), "the two trials did not share the card"
+    client = MlflowClient(resolve_tracking_uri())
+    tags = client.get_run(result.parent_run_id).data.tags
+    assert tags[R.TAG_GPUS_PER_TRIAL] == "0.25"
+    assert tags[R.TAG_GPUS_AUTO].startswith("0.25 GPU per trial, 4 trials per card: the largest of 2 trials peaks ")
+    assert tags[R.TAG_GPUS_AUTO].endswith(f"on {CARD_KIND} card); measured on {CARD_KIND} card on node {worker.node_id}")

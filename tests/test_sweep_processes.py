@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +20,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from conftest import REPO, free_port, subprocess_env
+from conftest import REPO, S3_CREDENTIALS, free_port, start_mlflow_server, stop_process_group, subprocess_env
 from pefusion import record as R
 from study_names import TIMING_COLUMNS
 
@@ -191,3 +193,193 @@ def test_address_auto_joins_a_running_cluster(tmp_path, cache_dir, head_node):
     exp = client.get_experiment_by_name("pe-fusion")
     (parent,) = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
     assert parent.data.tags[R.TAG_RAY_ADDRESS] == "auto"
+
+
+# --- object storage: S3 at an endpoint of its own (moto's server on 127.0.0.1) ------------------------------
+
+# 4 trials of 8 epochs one after another: a trial is killed after its 3rd epoch and, with the endpoint in the URI,
+# the sweep is interrupted once the first trial has ended.
+S3_GRID = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "8", "--pe-types", "sinusoidal,learned",
+           "--fusions", "add,concat", "--seeds", "0", "--max-concurrent", "1", "--num-cpus", "2", "--no-dashboard"]
+S3_URI = "s3://sweeps/ray?endpoint_override={endpoint}&scheme=http"
+# The two sweeps over the bucket, as docs/clusters.md names them ({endpoint}: the server's HOST:PORT, {db}: the
+# sqlite file; `env` runs with AWS_ENDPOINT_URL=http://{endpoint}); the test adds --cache-dir (and -q to `env`).
+S3_SWEEPS = {"env": [*S3_GRID, "--name", "env", "--storage-path", "s3://sweeps/ray", "--tracking-uri", "sqlite:///{db}"],
+             "cut": [*S3_GRID, "--name", "cut", "--storage-path", S3_URI, "--tracking-uri", "sqlite:///{db}"]}
+
+
+def _kill_a_trial_after_its_third_epoch(ray_tmp: Path, killed: dict, deadline_s: float = 240) -> threading.Thread:
+    """A thread that SIGKILLs the process of the first trial to report its 3rd epoch (read from the driver's staging
+    copy of its result.json under the sweep's own RAY_TMPDIR), noting its pid, epoch and trial id in `killed`."""
+    def watch() -> None:
+        deadline = time.time() + deadline_s
+        while time.time() < deadline:
+            for result_file in ray_tmp.rglob("driver_artifacts/pefusion_trainable_*/result.json"):
+                reports = []
+                for line in result_file.read_text().splitlines():
+                    try:
+                        reports.append(json.loads(line))
+                    except json.JSONDecodeError:  # a line being written
+                        pass
+                if len(reports) >= 3 and R.STATUS not in reports[-1]:
+                    killed.update(pid=reports[-1]["pid"], epoch=reports[-1][R.EPOCH], trial_id=reports[-1]["trial_id"])
+                    os.kill(killed["pid"], signal.SIGKILL)
+                    return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _bucket_reports(endpoint: str, experiment: str, trial_id: str) -> list[dict]:
+    """The reports of trial `trial_id` as Ray stored them in the bucket (its result.json there)."""
+    from pyarrow import fs
+
+    store = fs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
+                            endpoint_override=endpoint)
+    for info in store.get_file_info(fs.FileSelector(f"sweeps/ray/{experiment}")):
+        if info.base_name.startswith("pefusion_trainable_") and trial_id in info.base_name:
+            with store.open_input_stream(f"{info.path}/result.json") as f:
+                return [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+    raise AssertionError(f"no folder of trial {trial_id} in the bucket")
+
+
+def _restored_from_its_checkpoint(reports: list[dict], killed: dict) -> None:
+    """The killed trial went on in a new process from its last epoch checkpoint (not from epoch 1) to its end."""
+    after = [r for r in reports if r["pid"] != killed["pid"]]
+    assert after, "no report from a new process: the trial was not restarted"
+    assert 1 < after[0][R.EPOCH] <= killed["epoch"] + 1, (killed, [(r["pid"], r.get(R.EPOCH)) for r in reports])
+    assert after[-1][R.STATUS] == R.STATUS_OK
+
+
+@pytest.mark.slow
+def test_s3_at_its_own_endpoint_survives_a_killed_trial_and_ctrl_c_then_the_printed_resume(tmp_path, cache_dir,
+                                                                                             s3_server):
+    """Checkpoints in an S3-compatible store, its endpoint given in the environment (AWS_ENDPOINT_URL) or in the
+    storage URI's query (`s3://sweeps/ray?endpoint_override=HOST:PORT&scheme=http`, the form pyarrow and Ray read).
+    Either way a trial whose process is killed after its 3rd epoch goes on from its checkpoint in the bucket; with
+    the endpoint in the URI, Ctrl-C prints a --resume command whose storage URI is the one typed (its query kept),
+    and that command, run as printed, ends with the CSV and MLflow of an uninterrupted sweep on local storage (the
+    same numbers on CPU, timing aside), every run FINISHED."""
+    from test_field_conditions import INTERRUPTED_LINE, _history, _mlflow
+    from study_names import EPOCH_METRICS, TIMING_METRICS
+
+    endpoint = s3_server
+    uri = S3_URI.format(endpoint=endpoint)
+    script = [sys.executable, str(REPO / "sweeps" / "arxiv_grid.py")]
+
+    def args(name: str) -> list[str]:
+        return [a.format(endpoint=endpoint, db=tmp_path / f"{name}.db") for a in S3_SWEEPS[name]] + \
+            ["--cache-dir", str(cache_dir)]
+
+    ray_tmp = Path(tempfile.mkdtemp(prefix="pfs3-"))  # the drivers' Ray sessions, watched for a trial's epochs
+    try:
+        reference = subprocess.run([*script, *S3_GRID, "--name", "local", "-q", "--tracking-uri",
+                                    f"sqlite:///{tmp_path}/local.db", "--cache-dir", str(cache_dir)],
+                                   cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+        assert reference.returncode == 0, reference.stderr[-3000:]
+
+        # the endpoint in the environment: a trial's process killed mid-run
+        env_env = subprocess_env(**S3_CREDENTIALS, AWS_ENDPOINT_URL=f"http://{endpoint}", RAY_TMPDIR=str(ray_tmp / "e"))
+        killed_env: dict = {}
+        killer = _kill_a_trial_after_its_third_epoch(ray_tmp / "e", killed_env)
+        by_env = subprocess.run([*script, *args("env"), "-q"], cwd=tmp_path, env=env_env, capture_output=True,
+                                text=True, timeout=600)
+        killer.join(timeout=5)
+        assert by_env.returncode == 0, by_env.stderr[-3000:]
+        assert killed_env, "the trial finished before it could be killed"
+        _restored_from_its_checkpoint(_bucket_reports(endpoint, "env", killed_env["trial_id"]), killed_env)
+
+        # the endpoint in the URI: a trial's process killed, then Ctrl-C once the first trial has ended
+        uri_env = subprocess_env(**S3_CREDENTIALS, AWS_ENDPOINT_URL=None, RAY_TMPDIR=str(ray_tmp / "u"))
+        killed: dict = {}
+        killer = _kill_a_trial_after_its_third_epoch(ray_tmp / "u", killed)
+        driver = subprocess.Popen([*script, *args("cut")], cwd=tmp_path, env=uri_env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        for line in driver.stdout:
+            if " 1/4 done " in line:
+                break
+        else:
+            raise AssertionError("the sweep ended before its first trial did:\n" + driver.stderr.read()[-3000:])
+        killer.join(timeout=5)
+        assert killed, "the first trial finished before it could be killed"
+        time.sleep(1.5)  # the next trial is training
+        driver.send_signal(signal.SIGINT)
+        out, err = driver.communicate(timeout=120)
+        assert driver.returncode == 130, err[-3000:]
+        match = INTERRUPTED_LINE.match([ln for ln in err.splitlines() if ln.strip()][-1])
+        assert match, err[-3000:]
+        command = shlex.split(match.group(5))
+        assert command[command.index("--storage-path") + 1] == uri  # the query kept, the name not appended to it
+        assert _mlflow(tmp_path / "cut.db")["parent"].info.status == "KILLED"
+
+        resumed = subprocess.run(match.group(5), shell=True, cwd=tmp_path, env=uri_env, capture_output=True,
+                                 text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"Ray experiment: s3://sweeps/ray/cut?endpoint_override={endpoint}&scheme=http" in resumed.stdout
+        _restored_from_its_checkpoint(_bucket_reports(endpoint, "cut", killed["trial_id"]), killed)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+    want_csv = _comparable(tmp_path / "results" / "local_results_by_seed.csv")
+    ref = _mlflow(tmp_path / "local.db")
+    for name in ("env", "cut"):
+        pd.testing.assert_frame_equal(_comparable(tmp_path / "results" / f"{name}_results_by_seed.csv"), want_csv)
+        got = _mlflow(tmp_path / f"{name}.db")
+        assert got["parent"].info.status == "FINISHED" and set(got["children"]) == set(ref["children"])
+        for key, want in ref["children"].items():
+            run = got["children"][key]
+            assert run.info.status == "FINISHED" and run.data.tags[R.TAG_STATUS] == R.STATUS_OK, (name, key)
+            assert run.data.params == want.data.params, (name, key)
+            drop = lambda m: {k: v for k, v in m.items() if k not in TIMING_METRICS}  # noqa: E731
+            assert drop(run.data.metrics) == drop(want.data.metrics), (name, key)
+            for metric in EPOCH_METRICS:  # each epoch once, with the uninterrupted sweep's values
+                assert _history(got["client"], run, metric) == _history(ref["client"], want, metric), (name, key)
+
+
+@pytest.mark.slow
+def test_an_mlflow_server_keeping_its_artifacts_in_s3_records_a_sweep_its_report_and_a_model(tmp_path, cache_dir,
+                                                                                            s3_server):
+    """`mlflow server --artifacts-destination s3://sweeps/mlflow` (the server alone reaches the bucket, its endpoint
+    in MLFLOW_S3_ENDPOINT_URL): a sweep with its checkpoints in the same bucket records through it, the report
+    reads it and logs its page, and a trial's model is exported; every artifact is an object in the bucket."""
+    from mlflow.tracking import MlflowClient
+    from pyarrow import fs
+
+    endpoint, port = s3_server, free_port()
+    server = start_mlflow_server(port, tmp_path, artifacts="s3://sweeps/mlflow", **S3_CREDENTIALS,
+                                 MLFLOW_S3_ENDPOINT_URL=f"http://{endpoint}")
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        env = subprocess_env(**S3_CREDENTIALS, AWS_ENDPOINT_URL=None, MLFLOW_S3_ENDPOINT_URL=None)
+
+        def run(*cmd: str) -> subprocess.CompletedProcess:
+            proc = subprocess.run([sys.executable, *cmd], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                  timeout=600)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            return proc
+
+        run(str(REPO / "sweeps" / "arxiv_grid.py"), "--preset", "arxiv", "--synthetic", "--smoke", "--pe-types",
+            "sinusoidal", "--fusions", "add", "--seeds", "0", "--num-cpus", "2", "--no-dashboard", "-q", "--name",
+            "served", "--storage-path", f"s3://sweeps/ray?endpoint_override={endpoint}&scheme=http",
+            "--tracking-uri", uri, "--cache-dir", str(cache_dir))
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name("pe-fusion")
+        (parent,) = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_ROLE}` = 'sweep'")
+        (child,) = client.search_runs([exp.experiment_id], f"tags.`{R.TAG_PARENT}` = '{parent.info.run_id}'")
+        assert parent.info.status == child.info.status == "FINISHED"
+        run(str(REPO / "scripts" / "report.py"), "--tracking-uri", uri, "--out", str(tmp_path / "report"))
+        run(str(REPO / "scripts" / "export_model.py"), "--run", child.info.run_id, "--tracking-uri", uri)
+    finally:
+        stop_process_group(server, port)
+
+    store = fs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
+                            endpoint_override=endpoint)
+    keys = [i.path for i in store.get_file_info(fs.FileSelector("sweeps/mlflow", recursive=True)) if i.is_file]
+    run_folder = f"sweeps/mlflow/{exp.experiment_id}/{child.info.run_id}/artifacts/"
+    assert f"{run_folder}{R.ARTIFACT_CHECKPOINT_DIR}/model.pt" in keys, keys
+    assert any(k.startswith(f"sweeps/mlflow/{exp.experiment_id}/{parent.info.run_id}/") and k.endswith(".html")
+               for k in keys), keys
+    assert any(k.endswith("/MLmodel") for k in keys), keys  # the exported model
+    assert not (tmp_path / "artifacts").exists()  # nothing kept on the server's disk

@@ -18,6 +18,8 @@ import os
 import sys
 from pathlib import Path
 
+from pefusion.sweep.options import path_name
+
 LOG_FILE = "driver.log"
 # Loggers whose messages leave the console. Ray's and MLflow's roots hold their console handlers (and stop
 # propagation); MLflow gives alembic, sqlalchemy.engine and huey handlers of their own; urllib3 speaks for
@@ -115,7 +117,7 @@ def quiet(experiment_path: str, verbose: int) -> Path | None:
     if os.environ.get(MLFLOW_CONFIGURE, "").lower() in ("true", "1"):  # MLflow was asked to configure its loggers
         import mlflow  # noqa: F401  (then it does so on import: replace its handlers, not be replaced)
     folder = Path(experiment_path) if "://" not in experiment_path else \
-        Path("ray_results") / experiment_path.rstrip("/").rsplit("/", 1)[-1]
+        Path("ray_results") / path_name(experiment_path)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOG_FILE
     global _ACTIVE

@@ -33,7 +33,7 @@ from pefusion import record as R
 from pefusion.errors import SweepInterrupted
 from pefusion.sweep import console
 from pefusion.sweep.console import counted
-from pefusion.sweep.options import SweepOptions
+from pefusion.sweep.options import SweepOptions, path_name
 from pefusion.sweep.outcomes import Outcomes, result_rows
 from pefusion.sweep.progress import Progress
 from pefusion.sweep.settle import SettledSweep, settle
@@ -54,7 +54,7 @@ class SweepResult:
 
     @property
     def name(self) -> str:
-        return self.experiment_path.rstrip("/").split("/")[-1]
+        return path_name(self.experiment_path)
 
 
 def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "results") -> SweepResult:

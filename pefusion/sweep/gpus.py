@@ -2,12 +2,14 @@
 peak (`resolve_gpus`); and whether a node can hold one trial's request of CPUs and GPUs (`check_resources`).
 
 Ray divides a GPU's *scheduling* (0.25: four trials on one card), not its memory: four trials whose peaks do not
-fit together end in CUDA out-of-memory errors. `auto` has the study measure the largest trial of the sweep on
-this machine's card (its probe, run in a fresh process so that the driver never holds the card the trials share)
-and packs as many trials per card as fit with a margin: `pack_trials`, a pure function of the numbers.
+fit together end in CUDA out-of-memory errors. `auto` has the study measure the largest trial of the sweep on a
+card (its probe) and packs as many trials per card as fit with a margin: `pack_trials`, a pure function of the
+numbers. Where the probe runs is a `ProbeSite`: on this machine, a fresh process (`_in_fresh_process`), so that
+the driver never holds the card the trials share; on a joined cluster (`--address`), a Ray task on a GPU node of
+each kind of card the cluster reports (`pefusion.sweep.cluster.probe_on_cluster`), the driver needing no GPU of
+its own, and the fraction is the one that fits the smallest card.
 
-Assumed, and said in docs/gpus.md: every card a trial may land on is like the driver's card 0 (a cluster of mixed
-cards needs an explicit fraction), and a trial is one process on one card.
+Assumed, and said in docs/gpus.md: a trial is one process on one card, and the cards of one kind are alike.
 """
 from __future__ import annotations
 
@@ -47,6 +49,26 @@ RAY_RESOURCE_DECIMALS = 4
 # trial that is, in words. The engine runs it in a spawned process, so it must pickle: a module-level function or a
 # functools.partial of one.
 GpuProbe = Callable[[Sequence[dict[str, Any]]], tuple[int, str]]
+# The card the probe measures on: its free and total bytes and its name (`cuda_card`: the current CUDA device). A
+# study could only replace it where its trials see a card another way; the engine never calls CUDA itself.
+CardMemory = Callable[[], tuple[int, int, str]]
+
+
+@dataclass(frozen=True)
+class CardReading:
+    """What the probe measured on one card: the largest trial's peak and which trial, the card's free and total
+    bytes before the probe trained, its name, and the Ray node it is on ("" on this machine)."""
+
+    peak: int
+    trial: str
+    free: int
+    total: int
+    card: str
+    node: str = ""
+
+
+# Where the probe runs: given the probe, the card reader and the points, one reading per kind of card (none: no GPU).
+ProbeSite = Callable[[GpuProbe, CardMemory, Sequence[dict[str, Any]]], list[CardReading]]
 
 
 @dataclass(frozen=True)
@@ -91,73 +113,99 @@ def pack_trials(peak_bytes: int, card_bytes: int, *, margin: float = MARGIN, con
 
 
 def auto_packing(probe: GpuProbe | None, points: Sequence[dict[str, Any]], *, sweep: str, remote: bool,
-                 declared_gpus: float | None, explicit: bool = True) -> Packing:
-    """What `--gpus-per-trial auto` means for this sweep on this machine (`explicit`: typed; else the flag's
-    default).
+                 declared_gpus: float | None, card: CardMemory | None = None,
+                 site: ProbeSite | None = None) -> Packing:
+    """What `--gpus-per-trial auto` means for this sweep, measured by `probe` on a `card` where `site` runs it
+    (default: this machine's GPU, in a fresh process).
 
-    No probe (the study never uses a GPU), a local cluster declared without GPUs (--num-gpus 0) or no CUDA device
-    visible here: no GPU. Joining a cluster (`remote`) from a driver without a GPU: nothing here can measure a
-    trial, and packing by a number nobody measured could fill the cards past their memory, so a typed `auto` is
-    refused, and the default runs the trials on CPU, naming the flag that gives them the cluster's GPUs.
+    No probe (the study never uses a GPU), a local cluster declared without GPUs (--num-gpus 0), no CUDA device
+    visible here (locally), or a joined cluster (`remote`) whose site finds no GPU node: no GPU. Several kinds of
+    card: the fraction that fits the smallest.
     """
     if probe is None:
         return Packing(0, 0.0, f"the {sweep} trials do not use a GPU; trials run on CPU")
     if declared_gpus == 0 and not remote:
         return Packing(0, 0.0, "--num-gpus 0 declares no GPU on the local cluster; trials run on CPU")
-    import torch
+    card = card or cuda_card
+    if site is None:
+        import torch
 
-    if not torch.cuda.is_available():
-        if remote and not explicit:
-            return Packing(0, 0.0, "this driver sees no GPU to measure a trial on, so trials run on CPU; to use the "
-                                   "cluster's GPUs, pass --gpus-per-trial G (e.g. 0.25: four trials per GPU)")
-        if remote:
-            raise ConfigError("--gpus-per-trial auto measures a trial on this machine's GPU, and none is visible here: "
-                              "run the driver on a GPU node of the cluster, or give a fraction such as "
-                              "--gpus-per-trial 0.25")
-        return Packing(0, 0.0, "no GPU visible on this machine; trials run on CPU")
-    print("--gpus-per-trial auto: measuring the sweep's largest trial on this machine's GPU ...", flush=True)
-    peak, trial, free, total, name = _in_fresh_process(probe, points)
-    # The probe's own context was on the card when it read `free`; the trials will have the card without it.
-    usable = min(total, free + CONTEXT_BYTES)
-    held = f", {_gib(total - usable)} of its {_gib(total)} held by other processes" if total - usable > GIB else ""
-    return pack_trials(peak, usable, trial=trial, card=name + held)
+        if not torch.cuda.is_available():
+            return Packing(0, 0.0, "no GPU visible on this machine; trials run on CPU")
+        print("--gpus-per-trial auto: measuring the sweep's largest trial on this machine's GPU ...", flush=True)
+        site = _in_fresh_process
+    readings = site(probe, card, points)
+    if not readings:
+        return Packing(0, 0.0, "the cluster has no GPU; trials run on CPU")
+    return fit_smallest(readings)
 
 
-def _in_fresh_process(probe: GpuProbe, points: Sequence[dict[str, Any]]) -> tuple[int, str, int, int, str]:
-    """`_measure` in a spawned process: its CUDA context and the memory its allocator caches end with it."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+def fit_smallest(readings: Sequence[CardReading]) -> Packing:
+    """The packing of each kind of card measured, and the one that fits the smallest (the fewest trials per card),
+    its line naming where it was measured and, with several kinds, what each would hold."""
+    packings = []
+    for r in readings:
+        # The probe's own context was on the card when it read `free`; the trials will have the card without it.
+        usable = min(r.total, r.free + CONTEXT_BYTES)
+        held = f", {_gib(r.total - usable)} of its {_gib(r.total)} held by other processes" \
+            if r.total - usable > GIB else ""
+        packings.append(pack_trials(r.peak, usable, trial=r.trial, card=r.card + held))
+    chosen = min(range(len(readings)), key=lambda i: (packings[i].per_card, i))
+    where = [f"{r.card} on node {r.node}" for r in readings if r.node]
+    said = packings[chosen].reason + (f"; measured on {', '.join(where)}" if where else "")
+    if len(readings) > 1:
+        said += "; the smallest card's fraction (" + ", ".join(
+            f"{r.card}: {p.per_card} per card" for r, p in zip(readings, packings)) + ")"
+    return dataclasses.replace(packings[chosen], reason=said)
 
-    import torch
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        try:
-            return pool.submit(_measure, probe, list(points)).result()
-        except torch.cuda.OutOfMemoryError as exc:  # the trial alone is larger than the card
-            raise ConfigError(f"--gpus-per-trial auto: {str(exc).splitlines()[0]}: shrink the largest trial (its "
-                              f"batch size or sequence length; bf16 halves activations)") from None
-
-
-def _measure(probe: GpuProbe, points: list[dict[str, Any]]) -> tuple[int, str, int, int, str]:
-    """(peak, which trial, free and total bytes of the card before the probe trained, the card's name)."""
+def cuda_card() -> tuple[int, int, str]:
+    """The current CUDA device's free and total bytes, and its name."""
     import torch
 
     free, total = torch.cuda.mem_get_info()
+    return free, total, torch.cuda.get_device_name()
+
+
+def _in_fresh_process(probe: GpuProbe, card: CardMemory, points: Sequence[dict[str, Any]]) -> list[CardReading]:
+    """`measure` in a spawned process: its CUDA context and the memory its allocator caches end with it."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return [out_of_memory_refused(pool.submit(measure, probe, card, list(points)).result)]
+
+
+def out_of_memory_refused(result: Callable[[], CardReading]) -> CardReading:
+    """`result()`, a probe's reading, with CUDA's out-of-memory error (the trial alone is larger than the card) as
+    a one-line ConfigError."""
+    import torch
+
+    try:
+        return result()
+    except torch.cuda.OutOfMemoryError as exc:
+        raise ConfigError(f"--gpus-per-trial auto: {str(exc).splitlines()[0]}: shrink the largest trial (its "
+                          f"batch size or sequence length; bf16 halves activations)") from None
+
+
+def measure(probe: GpuProbe, card: CardMemory, points: list[dict[str, Any]], node: str = "") -> CardReading:
+    """The card's reading before the probe trains, then the probe's, where this runs (`node`: its Ray node)."""
+    free, total, name = card()
     peak, trial = probe(points)
-    return peak, trial, free, total, torch.cuda.get_device_name()
+    return CardReading(peak, trial, free, total, name, node)
 
 
-def resolve_gpus(study: StudySweep, opts: SweepOptions) -> SweepOptions:
-    """`opts` with `--gpus-per-trial auto` (typed, or the flag left out) replaced by the fraction it means here,
-    printed and tagged on the parent run with its reason; a number as it is. Left out for a study whose trials
-    never use a GPU: no GPU, and nothing to say."""
+def resolve_gpus(study: StudySweep, opts: SweepOptions, site: ProbeSite | None = None) -> SweepOptions:
+    """`opts` with `--gpus-per-trial auto` (typed, or the flag left out) replaced by the fraction it means where
+    `site` runs the probe (None: this machine), printed and tagged on the parent run with its reason; a number as
+    it is. Left out for a study whose trials never use a GPU: no GPU, and nothing to say."""
     if opts.gpus_per_trial is None and study.gpu_probe is None:
         return dataclasses.replace(opts, gpus_per_trial=0.0)
     if opts.gpus_per_trial not in (AUTO, None):
         return opts
     explicit = opts.gpus_per_trial == AUTO
     packing = auto_packing(study.gpu_probe, study.space.trial_points(), sweep=study.sweep, remote=bool(opts.address),
-                           declared_gpus=opts.num_gpus, explicit=explicit)
+                           declared_gpus=opts.num_gpus, card=study.gpu_card, site=site)
     print(f"--gpus-per-trial auto{'' if explicit else ' (the default)'}: {packing.reason}", flush=True)
     return dataclasses.replace(opts, gpus_per_trial=packing.gpus_per_trial,
                                tags={**opts.tags, R.TAG_GPUS_PER_TRIAL: f"{packing.gpus_per_trial:g}",

@@ -57,3 +57,17 @@ class SweepOptions:
             raise ConfigError(f"--max-concurrent={self.max_concurrent} must be >= 0")
         if self.max_failures < 0:
             raise ConfigError(f"--max-failures={self.max_failures} must be >= 0")
+
+
+def experiment_path(root: str, name: str) -> str:
+    """The experiment `name` under the storage path `root`, a local folder or a URI whose query (an object
+    store's `endpoint_override`, `scheme`, `region`, ...) stays its query: `s3://b/ray?scheme=http` ->
+    `s3://b/ray/name?scheme=http`."""
+    base, query = root.split("?", 1) if "://" in root and "?" in root else (root, "")
+    return f"{base.rstrip('/')}/{name}" + (f"?{query}" if query else "")
+
+
+def path_name(path: str) -> str:
+    """The last part of an experiment's path or URI (its query left out): the experiment's name."""
+    return (path.split("?", 1)[0] if "://" in path else path).rstrip("/").rsplit("/", 1)[-1]
+

@@ -1,9 +1,10 @@
 """One place that settles a sweep before Ray starts (`settle`): from a study and the options of its flags, every
 option as the sweep will run it, or a one-line ConfigError.
 
-What it settles, in order: every point of the search space checked; the Ray experiment's name and folder, and for
-`--resume` that there is one to continue, saved by a version that this one resumes; the stackable key stacked or
-not; GPUs per trial (`auto`: measured) and the request checked against the local cluster this command would start
+What it settles, in order: every point of the search space checked; the Ray experiment's name and folder (in object
+storage: the store reached), and for `--resume` that there is one to continue, saved by a version that this one
+resumes; the stackable key stacked or not; GPUs per trial (`auto`: measured here, or with `--address` on the
+cluster's GPU nodes, which joins it) and the request checked against the local cluster this command would start
 (`pefusion.sweep.gpus`; a joined cluster is checked once joined: only then are its nodes known); the MLflow
 tracking store (resolved and reachable) and experiment.
 """
@@ -17,11 +18,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from pefusion.errors import ConfigError
+from pefusion.sweep.cluster import probe_on_cluster
 from pefusion.sweep.gpus import check_resources, local_node, resolve_gpus
-from pefusion.sweep.options import DEFAULT_STORAGE, SweepOptions
+from pefusion.sweep.options import DEFAULT_STORAGE, SweepOptions, experiment_path
 from pefusion.sweep.space import Stack
 from pefusion.sweep.study import StudySweep
 from pefusion.tracking.store import check_tracking, resolve_tracking_uri
+
+TUNER_STATE = "tuner.pkl"  # Tune's state of an experiment, what Tuner.restore reads
 
 
 @dataclass(frozen=True)
@@ -41,13 +45,15 @@ def settle(study: StudySweep, opts: SweepOptions) -> SettledSweep:
     """Every option of the sweep of `study` under `opts`, checked; see the module docstring."""
     validate(study)
     name = experiment_name(opts, study.preset)
-    path, resume = f"{storage_root(opts).rstrip('/')}/{name}", resume_command(opts, name)
-    if opts.resume and not is_remote(opts):
+    path, resume = experiment_path(storage_root(opts), name), resume_command(opts, name)
+    if is_remote(opts):
+        check_object_store(path, name, opts)
+    elif opts.resume:
         check_restorable(path, name, opts)
-    if not opts.resume and not is_remote(opts) and Path(path).exists():
+    elif Path(path).exists():
         raise ConfigError(f"experiment {path} exists: pass --resume to continue it, or another --name")
     study = resolve_stacking(study, opts)
-    opts = resolve_gpus(study, opts)
+    opts = resolve_gpus(study, opts, probe_on_cluster(opts.address, opts.verbose) if opts.address else None)
     if not opts.address and not _ray_running():  # (a sweep inside a running `ray.init` is checked by Ray's nodes)
         check_resources(opts, [local_node(opts)])
     uri = resolve_tracking_uri(opts.tracking_uri)
@@ -56,15 +62,52 @@ def settle(study: StudySweep, opts: SweepOptions) -> SettledSweep:
 
 
 def check_restorable(path: str, name: str, opts: SweepOptions) -> None:
-    """A local experiment to --resume, saved by a version of pefusion this one can resume: its Tune state
-    (tuner.pkl) names no pefusion code this version lacks (0.1's callbacks lived in `pefusion.sweep.live`)."""
+    """A local experiment to --resume, saved by a version of pefusion this one can resume (`check_tune_state`)."""
     if not Path(path).is_dir():
         raise nothing_to_resume(opts, name)
-    saved = Path(path) / "tuner.pkl"
+    saved = Path(path) / TUNER_STATE
+    if saved.exists():  # (else no Tune state yet, stopped as it started: Tune's restore says so)
+        check_tune_state(path, saved.read_bytes())
+
+
+def check_object_store(path: str, name: str, opts: SweepOptions) -> None:
+    """The experiment's URI in object storage, checked before Ray starts, each failure one line naming the URI:
+    the URI parses (pyarrow's form, which Ray reads: `s3://bucket/path?endpoint_override=host:port&scheme=http`),
+    the store answers, its bucket exists; the experiment exists to --resume (saved by a version this one resumes),
+    or is new.
+
+    Why here: Ray would report an unreachable store as a traceback once the parent run is open, leaving it
+    RUNNING; an unreachable endpoint costs pyarrow's retries, a few seconds.
+    """
+    import pyarrow
+    from pyarrow import fs
+
     try:
-        pickle.loads(saved.read_bytes())  # (Ray's classes and this package's: imports Ray, starts nothing)
-    except FileNotFoundError:
-        return  # no Tune state yet (stopped as it started): Tune's restore says so
+        store, fs_path = fs.FileSystem.from_uri(path)
+    except (pyarrow.ArrowInvalid, ValueError) as exc:
+        raise ConfigError(f"--storage-path {opts.storage_path}: {str(exc).splitlines()[0]}") from None
+    bucket = fs_path.split("/", 1)[0]
+    try:
+        found, experiment, state = store.get_file_info([bucket, fs_path, f"{fs_path}/{TUNER_STATE}"])
+        saved = store.open_input_file(state.path).read() if opts.resume and state.is_file else None
+    except OSError as exc:
+        raise ConfigError(f"cannot reach the storage at {path}: {str(exc).splitlines()[0]}") from None
+    if found.type != fs.FileType.Directory:
+        raise ConfigError(f"--storage-path {opts.storage_path}: no bucket {bucket!r} at that store; create it "
+                          f"(e.g. `aws s3 mb s3://{bucket}`) or name one that exists")
+    if opts.resume and experiment.type == fs.FileType.NotFound:
+        raise nothing_to_resume(opts, name)
+    if opts.resume and saved is not None:
+        check_tune_state(path, saved)
+    if not opts.resume and experiment.type != fs.FileType.NotFound:
+        raise ConfigError(f"experiment {path} exists: pass --resume to continue it, or another --name")
+
+
+def check_tune_state(path: str, saved: bytes) -> None:
+    """Tune state (tuner.pkl) that names no pefusion code this version lacks (0.1's callbacks lived in
+    `pefusion.sweep.live`)."""
+    try:
+        pickle.loads(saved)  # (Ray's classes and this package's: imports Ray, starts nothing)
     except (ModuleNotFoundError, AttributeError) as exc:
         if "pefusion" not in str(exc):
             raise

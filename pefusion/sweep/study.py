@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
-from pefusion.sweep.gpus import GpuProbe
+from pefusion.sweep.gpus import CardMemory, GpuProbe
 from pefusion.sweep.space import Choice, Constant, Grid, SearchSpace
 
 
@@ -62,6 +62,8 @@ class StudySweep:
     # `--gpus-per-trial auto`: the largest trial's peak GPU memory among the space's points (`pefusion.sweep.gpus`);
     # None: the study's trials never use a GPU, so auto means none.
     gpu_probe: GpuProbe | None = None
+    # The card the probe measures on (free, total bytes, name); None: the current CUDA device (`gpus.cuda_card`).
+    gpu_card: CardMemory | None = None
     # Config keys whose value a trial resolves where it runs (a precision of `auto`): their params are recorded from
     # what the trial reports (`record.TRIAL_INFO`), not from the config, since MLflow never changes a param.
     resolved_keys: Sequence[str] = ()

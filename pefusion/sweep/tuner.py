@@ -25,6 +25,7 @@ from ray.tune.logger import JsonLoggerCallback
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
+from pefusion.sweep.cluster import join
 from pefusion.sweep.options import SweepOptions
 from pefusion.sweep.search import checkpoints_to_keep
 from pefusion.sweep.gpus import check_resources
@@ -49,21 +50,13 @@ def start_ray(opts: SweepOptions) -> str:
     """Join `--address` or start a local cluster with the dashboard on 127.0.0.1; returns the dashboard URL."""
     if ray.is_initialized():
         return ""
-    kwargs: dict[str, Any] = {"log_to_driver": opts.verbose > 1, "configure_logging": True,
-                              "logging_level": "WARNING"}
     if opts.address:
-        try:
-            ctx = ray.init(address=opts.address, **kwargs)
-        except (ConnectionError, RuntimeError) as exc:
-            raise ConfigError(f"cannot join the Ray cluster at --address {opts.address}: "
-                              f"{str(exc).splitlines()[0]} (start one with `ray start --head`)") from None
-    else:
-        ctx = ray.init(num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, include_dashboard=opts.dashboard,
-                       dashboard_host="127.0.0.1", **kwargs)
+        return join(opts.address, opts.verbose)
+    ctx = ray.init(num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, include_dashboard=opts.dashboard,
+                   dashboard_host="127.0.0.1", log_to_driver=opts.verbose > 1, configure_logging=True,
+                   logging_level="WARNING")
     url = ctx.dashboard_url or ""
-    if url and not url.startswith("http"):
-        url = "http://" + url
-    return url
+    return url if not url or url.startswith("http") else "http://" + url
 
 
 def cluster_gpus() -> float:

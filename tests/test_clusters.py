@@ -1,0 +1,91 @@
+"""The cluster recipes in deploy/ parse (the KubeRay manifest as YAML, the Slurm batch script with `bash -n`), and
+docs/clusters.md names the commands the suite's object-storage tests run, word for word. Neither recipe is run
+here: no Kubernetes or Slurm; docs/clusters.md says which parts the suite ran."""
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import REPO
+from test_sweep_processes import S3_SWEEPS
+
+
+def test_the_kuberay_manifest_is_a_rayjob_of_a_cpu_head_and_gpu_workers_running_the_sweep():
+    (job,) = list(yaml.safe_load_all((REPO / "deploy" / "kuberay" / "rayjob.yaml").read_text()))
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    cluster = job["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"  # the driver's node runs no trial
+    assert all("nvidia.com/gpu" not in c["resources"]["limits"] for c in head["template"]["spec"]["containers"])
+    (gpus,) = cluster["workerGroupSpecs"]
+    assert all(c["resources"]["limits"]["nvidia.com/gpu"] >= 1 for c in gpus["template"]["spec"]["containers"])
+    command = shlex.split(job["spec"]["entrypoint"])
+    assert command[:2] == ["python", "sweeps/arxiv_grid.py"] and command[command.index("--address") + 1] == "auto"
+    assert command[command.index("--storage-path") + 1].startswith("s3://")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_the_slurm_script_parses_and_starts_ray_on_every_node():
+    script = REPO / "deploy" / "slurm" / "sweep.sbatch"
+    checked = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    text = script.read_text()
+    assert "ray start --head" in text and "ray start --address" in text and "sweeps/arxiv_grid.py" in text
+
+
+def test_the_clusters_page_names_the_tested_object_storage_commands_word_for_word():
+    page = (REPO / "docs" / "clusters.md").read_text()
+    for name, prefix in (("env", "AWS_ENDPOINT_URL=http://127.0.0.1:PORT "), ("cut", "")):
+        words = [a.format(endpoint="127.0.0.1:PORT", db="DB") for a in S3_SWEEPS[name]]
+        line = f"{prefix}python sweeps/arxiv_grid.py {shlex.join(words)}"
+        assert line in page, line
+
+
+@pytest.mark.parametrize("root,name,path", [
+    ("s3://sweeps/ray?endpoint_override=127.0.0.1:9000&scheme=http", "grid",
+     "s3://sweeps/ray/grid?endpoint_override=127.0.0.1:9000&scheme=http"),
+    ("s3://sweeps/ray/?region=eu-west-1", "grid", "s3://sweeps/ray/grid?region=eu-west-1"),
+    ("s3://sweeps/ray", "grid", "s3://sweeps/ray/grid"),
+    ("/home/you/ray_results", "grid", "/home/you/ray_results/grid"),
+])
+def test_an_experiment_in_object_storage_is_named_inside_the_uris_path_before_its_query(root, name, path):
+    from pefusion.sweep.options import experiment_path, path_name
+
+    assert experiment_path(root, name) == path and path_name(path) == name
+
+
+def test_an_unreachable_object_store_ends_the_sweep_in_one_line_before_any_run(tmp_path):
+    """Nothing listens at the endpoint: exit 2 and one line naming the experiment's URI, after pyarrow's retries
+    (seconds), and no MLflow run was made (no parent left RUNNING)."""
+    import sys
+
+    from conftest import free_port, subprocess_env
+
+    uri = f"s3://sweeps/ray?endpoint_override=127.0.0.1:{free_port()}&scheme=http"
+    db = tmp_path / "mlflow.db"
+    proc = subprocess.run([sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), "--preset", "arxiv", "--synthetic",
+                           "--smoke", "--no-dashboard", "--storage-path", uri, "--name", "grid", "--tracking-uri",
+                           f"sqlite:///{db}"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    want = f"error: cannot reach the storage at {uri.replace('/ray?', '/ray/grid?')}: "
+    assert line.startswith(want) and "Could not connect" in line, line
+    assert _runs(db) == 0
+
+
+def _runs(db) -> int:
+    """How many MLflow runs the sqlite store `db` holds (0 where it was never made)."""
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    with sqlite3.connect(db) as con:
+        try:
+            return con.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        except sqlite3.OperationalError:  # no tables
+            return 0
