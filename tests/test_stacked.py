@@ -280,3 +280,22 @@ def test_each_stacked_seeds_learning_rate_follows_its_own_epoch_when_the_lead_se
     assert stacked.diverged.keys() == {0} and stacked.trainers[1].epoch == 3
     assert len(seen) == len(expected) and len(set(expected)) > 10  # the schedule moves at every step
     assert seen == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_the_padding_benchmark_reads_a_training_split_and_prints_each_seed_count(tmp_path, capsys):
+    """`bench_stacked.py --padding DIR` on a folder of 300 reviews: a line per (pad multiple, seeds), at 64 the
+    stacked seeds computing a separate trial's slots, unrounded more."""
+    import json
+
+    from benchmarks.stacked import main
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "validation", "test"):
+        with open(tmp_path / f"{split}.jsonl", "w") as f:
+            for n in rng.integers(1, 700, 300):
+                f.write(json.dumps({"text": " ".join(["w"] * int(n)), "label": int(n) % 2}) + "\n")
+    assert main(["--padding", str(tmp_path)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(x["pad_multiple"], x["seeds"]) for x in lines] == [(64, 1), (64, 3), (64, 5), (1, 1), (1, 3), (1, 5)]
+    assert all(x["documents"] == 300 and x["over_separate"] == 1.0 for x in lines[:3])
+    assert lines[5]["over_separate"] > 1.05
