@@ -44,7 +44,8 @@ A card passes when every line above says ok, with 0 syncs per training step, and
 5 minutes on one H100. Then run
   python scripts/bench_gpu.py --fusions add --attention policy,efficient --packing 1 --stacked 0 --json-out gpu.jsonl
 whose bucketed train lines must show: arxiv, attention policy: auto's train_samples_per_s >= 5x fp32's; agnews_imdb,
-auto: the policy's steady-state train_samples_per_s >= 0.95x the efficient kernel's."""
+auto: the policy's steady-state train_samples_per_s >= 0.95x the efficient kernel's. Stacked seeds against one
+trial and against packed separate trials: docs/gpus.md, "Stacked seeds on a card"."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
