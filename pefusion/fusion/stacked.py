@@ -99,7 +99,7 @@ class StackedTrainer:
                          for seed in seeds}
         self.lead = self.trainers[seeds[0]]  # what every seed shares: device, precision, batch widths, loss
         self.device = self.lead.device
-        self.diverged: dict[int, str] = {}  # seed -> why its loss became non-finite
+        self.diverged: dict[int, str] = {}  # seed -> why its loss or a weight became non-finite
         self.active: list[int] = []
         self._stack(list(seeds))
 
