@@ -86,7 +86,7 @@ from pefusion.data.batching import Batch, batch_order, batch_width, iter_batches
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 from pefusion.errors import ConfigError
 from pefusion.fusion.config import FUSIONS, PRECISIONS, PRESETS, Preset, smoke_budget
-from pefusion.fusion.device import device_name
+from pefusion.fusion.device import attention_kernels, device_name
 from pefusion.fusion.stacked import StackedTrainer
 from pefusion.fusion.training import Trainer
 
@@ -123,15 +123,6 @@ BATCHINGS = ("bucketed", "padded")
 ATTENTIONS = ("policy", "efficient")  # a train line's kernels: the trial's policy, or cuDNN's attention off
 INPUT_FUSIONS = tuple(f for f in FUSIONS if f != "none")  # the preset's PE is fused at the input
 
-# Profiler op names of the attention kernels -> the names the lines use.
-KERNEL_OPS = {
-    "aten::_scaled_dot_product_flash_attention": "flash",
-    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
-    "aten::_scaled_dot_product_efficient_attention": "efficient",
-    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
-    "aten::_scaled_dot_product_attention_math": "math",
-    "_ChunkedDropoutAttention": "chunked",  # pefusion.fusion.attention's autograd Function
-}
 SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                  "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
 BARRIER_TIMEOUT_S = 900.0  # a packing worker waits this long for the others before giving up
@@ -246,16 +237,6 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def attention_kernels(prof: profile) -> dict[str, int]:
-    """How many attention calls ran on each kernel, from a profile's op names."""
-    counts: dict[str, int] = {}
-    for event in prof.events():
-        kernel = KERNEL_OPS.get(event.name)
-        if kernel is not None:
-            counts[kernel] = counts.get(kernel, 0) + 1
-    return counts
-
-
 def _reason(caught: list[warnings.WarningMessage], exc: Exception) -> str:
     """PyTorch's reasons for refusing a forced kernel: its warnings (without the C++ source location), then the
     error."""
@@ -325,7 +306,7 @@ def warm_up(plan: Plan, trainer: Trainer, batching: str) -> dict[str, int]:
                                                   pad_multiple=trainer.placement.pad_multiple), plan.warmup))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         run_steps(trainer, (batches[i % len(batches)] for i in range(plan.warmup)))
-    return attention_kernels(prof)
+    return attention_kernels(prof.events())
 
 
 def measure_train(plan: Plan, model: str, fusion: str, precision: str, batching: str, attention: str,
@@ -374,7 +355,7 @@ def measure_train(plan: Plan, model: str, fusion: str, precision: str, batching:
                 train_tokens_per_s=samples * mean_tokens / wall, train_ms_per_step=1000.0 * wall / plan.steps,
                 peak_mem_alloc_mib=alloc, peak_mem_reserved_mib=reserved, attention_kernels=kernels,
                 sdpa_backends_ok=ok, sdpa_backends_refused=refused, latency_ms_per_sample=lat_mean,
-                latency_ms_std=lat_std, latency_attention_kernels=attention_kernels(prof))
+                latency_ms_std=lat_std, latency_attention_kernels=attention_kernels(prof.events()))
     return line
 
 

@@ -4,11 +4,17 @@ in turn, `--rounds` times (alternating which goes first, since this VM's speed d
 
     python scripts/bench_stacked.py                     # the demo grid, 2 rounds
     python scripts/bench_stacked.py --fusions add,concat --rounds 1
+    python scripts/bench_stacked.py --padding DIR       # the batch plan's padding on DIR's training split only
 
 Prints one JSON line per sweep (wall seconds), one per round (stacked / separate wall time), and Table 1 of the
 last round's two sweeps side by side, each cell with whether the stacked mean lies within the seeds' spread of
 the separate one (|Δ mean| ≤ SD separate + SD stacked): stacked seeds draw other dropout masks than separate
 trials, so the cells differ by seed noise, not more.
+
+`--padding DIR` measures no time: from the batch plan of one training epoch of DIR's training split (whitespace
+tokens, at most 512 a document, batches of 64, as the agnews_imdb preset trains), the token slots that 1, 3 and 5
+stacked seeds compute per real token, with widths rounded to 64 (a card's batches; the seeds share the order of
+widths) and unrounded (a CPU's), each against a separate trial's: one JSON line per (pad multiple, seeds).
 """
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
+
+import numpy as np
 
 from benchmarks.timing import emit
 from pefusion import record as R
@@ -59,13 +67,41 @@ def side_by_side(separate: pd.DataFrame, stacked: pd.DataFrame) -> pd.DataFrame:
     return table.round(2).reset_index()
 
 
+PADDING_MAX_LEN, PADDING_BATCH, PADDING_SEEDS = 512, 64, (1, 3, 5)
+
+
+def padding_lines(data_dir: Path) -> list[dict[str, Any]]:
+    """The `--padding` lines: tokens computed per real token in one epoch of `data_dir`'s training split."""
+    from pefusion.data.readers import find_split_files, read_data_file
+    from pefusion.data.tokenizer import whitespace_words
+    from pefusion.fusion.stacked import computed_per_real_token
+
+    texts = [t for path in find_split_files(data_dir)["train"] for t in read_data_file(path, "text", "label")[0]]
+    lengths = np.minimum([len(whitespace_words(t)) for t in texts], PADDING_MAX_LEN).astype(np.int64)
+    lines = []
+    for multiple in (64, 1):
+        separate = computed_per_real_token(lengths, PADDING_BATCH, [0], multiple, PADDING_MAX_LEN)
+        for seeds in PADDING_SEEDS:
+            ratio = computed_per_real_token(lengths, PADDING_BATCH, list(range(seeds)), multiple, PADDING_MAX_LEN)
+            lines.append({"bench": "stacked_padding", "documents": len(lengths), "batch_size": PADDING_BATCH,
+                          "max_len": PADDING_MAX_LEN, "pad_multiple": multiple, "seeds": seeds,
+                          "computed_per_real_token": ratio, "over_separate": ratio / separate})
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_preset_flag(parser, default="demo", presets=PRESETS)
     add_grid_flags(parser)  # default: the demo grid's
     parser.add_argument("--rounds", type=int, default=2, help="separate and stacked sweeps per variant")
     parser.add_argument("--concurrency", type=int, default=2, help="trials at once, one CPU each")
+    parser.add_argument("--padding", type=Path, metavar="DIR",
+                        help="only the batch plan's padding on DIR's training split (no sweep, no Ray)")
     args = parser.parse_args(argv)
+    if args.padding is not None:
+        for line in padding_lines(args.padding):
+            emit(line)
+        return 0
 
     from pefusion.data.corpus import load_corpus
     from pefusion.sweep.options import SweepOptions

@@ -1,7 +1,9 @@
 """Stacked seeds against separate trials: the demo grid both ways on this machine, wall times and Table 1 side by
-side. The benchmark lives in benchmarks/stacked.py; `--help` says what it measures.
+side; or, with `--padding DIR`, the token slots stacked seeds compute per real token in the batch plan of DIR's
+training split. The benchmark lives in benchmarks/stacked.py; `--help` says what it measures.
 
     python scripts/bench_stacked.py
+    python scripts/bench_stacked.py --padding DIR
 """
 import sys
 from pathlib import Path

@@ -48,9 +48,12 @@ def test_place_on_a_bf16_capable_gpu(monkeypatch):
     monkeypatch.setattr(D, "bf16_supported", lambda device: True)
     monkeypatch.setattr(D, "configure", lambda device, precision, policy: applied.append((device, precision, policy)))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    tested = []
+    monkeypatch.setattr(D, "cudnn_self_test", lambda device, dtype: tested.append(dtype))  # passes: None
     cuda = torch.device("cuda")
     placement = D.place(cuda, "auto", 0, 4096)
     assert (placement.precision, placement.pad_multiple, placement.attention.cudnn) == ("bf16", 64, True)
+    assert tested == [torch.bfloat16] and placement.attention.name.endswith("; self-test passed)")
     assert not D.place(cuda, "auto", 8, 4096).attention.cudnn
     applied.pop()
     assert applied == [(cuda, "bf16", placement.attention)]
@@ -82,3 +85,61 @@ def test_configure_sets_tf32_and_the_attention_kernels_on_cuda(precision, tf32):
     finally:
         torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = flags[:2]
         torch.backends.cuda.enable_cudnn_sdp(flags[2])
+
+
+def test_cudnn_attention_runs_only_after_its_self_test_passes():
+    """The fallback: where the policy allows cuDNN, a self-test that finds a fault turns cuDNN off and the recorded
+    name says why; one that passes keeps it on; where cuDNN is off anyway, no test runs."""
+    on, off = D.attention_policy("cuda", 64, 512), D.attention_policy("cuda", 1, 512)
+    failed = D.proven_policy(on, lambda: "grad_q has 12 non-finite entries")
+    assert not failed.cudnn
+    assert failed.name == "flash, efficient, math (cuDNN off by its self-test: grad_q has 12 non-finite entries)"
+    passed = D.proven_policy(on, lambda: None)
+    assert passed.cudnn and passed.name == "cudnn, flash, efficient, math (cuDNN on: 8 widths of 64, each planned " \
+                                           "once; self-test passed)"
+
+    def never():
+        raise AssertionError("the self-test ran where cuDNN is off")
+
+    assert D.proven_policy(off, never) == off
+
+
+def test_the_self_test_compares_each_gradient_with_the_memory_efficient_kernels():
+    """NaN or infinite entries, or a difference beyond 5 % of the reference's largest magnitude, in any of
+    grad_q, grad_k, grad_v: a fault naming the gradient; bf16-sized rounding: none."""
+    gen = torch.Generator().manual_seed(0)
+    reference = [torch.randn(2, 2, 192, 64, generator=gen) for _ in range(3)]
+    assert D.gradients_disagree([g.bfloat16() for g in reference], reference) is None
+    nan_q = [reference[0].clone(), *reference[1:]]
+    nan_q[0][0, 0, 100] = float("nan")
+    assert D.gradients_disagree(nan_q, reference) == "grad_q has 64 non-finite entries"
+    wrong_v = [*reference[:2], reference[2] * 1.2]
+    assert D.gradients_disagree(wrong_v, reference).startswith("grad_v differs from the memory-efficient kernel's")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_self_tests_inputs_are_the_failing_case(dtype):
+    """What the self-test runs on a card: a key length ≡ 64 (mod 128), padding masked with -inf, and query rows
+    whose log-sum-exp (computed here in float64 from the inputs) lies below float32's exp range (about -88.7), in
+    the trial's dtype; the same inputs every time, and the process's random stream untouched."""
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    q, k, v, mask, grad = D.self_test_inputs(torch.device("cpu"), dtype)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert all(t.dtype == dtype for t in (q, k, v, mask, grad))
+    B, H, T, hd = q.shape
+    assert T % 128 == 64 and mask.shape == (B, H, T, T) and torch.isneginf(mask).any()
+    lse = torch.logsumexp(q.double() @ k.double().transpose(-1, -2) / hd ** 0.5 + mask.double(), dim=-1)
+    assert (lse < -88.7).sum() > 10 and torch.isfinite(lse).all()
+    assert torch.equal(D.self_test_inputs(torch.device("cpu"), dtype)[0], q)
+
+
+def test_the_self_tests_gradients_from_two_kernels_agree_on_a_cpu():
+    """`attention_gradients` with one kernel allowed, on the self-test's inputs, here with the CPU's two kernels
+    (a card runs cuDNN's and the memory-efficient one): finite, and agreeing within the self-test's tolerance."""
+    from torch.nn.attention import SDPBackend
+
+    inputs = D.self_test_inputs(torch.device("cpu"), torch.float32)
+    math_grads = D.attention_gradients(inputs, SDPBackend.MATH)
+    assert all(torch.isfinite(g).all() for g in math_grads)
+    assert D.gradients_disagree(D.attention_gradients(inputs, SDPBackend.FLASH_ATTENTION), math_grads) is None

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import REPO, subprocess_env
+from pefusion import record as R
 from pefusion.cli import gpu_check
 from pefusion.fusion import check
 
@@ -24,10 +25,14 @@ ALLOWED = {(pe, f) for pe in PAPER_PES for f in INPUT_FUSIONS} | \
 def test_the_cases_are_every_allowed_pair_at_the_paper_sizes_and_every_pe_and_fusion_at_the_text_preset(monkeypatch):
     monkeypatch.setattr(check, "bf16_supported", lambda device: True)  # a bf16 card
     on_a_card = check.cases(torch.device("cuda"))
+    for size in ("arxiv", "agnews_imdb", "text"):  # one wide stack and one case of ALiBi across long padding each
+        extra = [(c.pe_type, c.fusion, c.precision, c.seeds, c.long_padding) for c in on_a_card
+                 if c.size == size and (c.seeds == 5 or c.long_padding)]
+        assert extra == [("sinusoidal", "add", "auto", 5, False), ("alibi", "none", "auto", 1, True)]
     for size in ("arxiv", "agnews_imdb"):
-        mine = [(c.pe_type, c.fusion, c.precision, c.stacked) for c in on_a_card if c.size == size]
-        assert sorted(mine) == sorted((pe, f, p, s) for pe, f in ALLOWED for p in ("auto", "fp32")
-                                      for s in (False, True))
+        mine = [(c.pe_type, c.fusion, c.precision, c.seeds) for c in on_a_card
+                if c.size == size and c.seeds != 5 and not c.long_padding]
+        assert sorted(mine) == sorted((pe, f, p, s) for pe, f in ALLOWED for p in ("auto", "fp32") for s in (1, 2))
     text = [c for c in on_a_card if c.size == "text"]
     assert {c.pe_type for c in text} == {pe for pe, _ in ALLOWED} and {c.fusion for c in text} == {f for _, f in ALLOWED}
     assert {(c.pe_type, c.fusion) for c in text} <= ALLOWED
@@ -36,7 +41,7 @@ def test_the_cases_are_every_allowed_pair_at_the_paper_sizes_and_every_pe_and_fu
 
 
 def test_a_failing_case_is_its_errors_last_line_and_the_exit_code_is_1(monkeypatch, capsys):
-    def run_case(case, preset, corpus, device):
+    def run_case(case, preset, corpus, device, syncs):
         if case.stacked and case.pe_type == "alibi":
             raise RuntimeError("Traceback (most recent call last):\n  ...\nLSE is not correctly aligned (strideH)")
 
@@ -45,9 +50,31 @@ def test_a_failing_case_is_its_errors_last_line_and_the_exit_code_is_1(monkeypat
     assert gpu_check.main(["--device", "cpu"]) == 1
     lines = capsys.readouterr().out.splitlines()
     bad = [line for line in lines if not line.endswith("  ok")]
-    assert bad[0].startswith("gpu_check on ") and bad[-1].startswith("3 of 197 failed")
-    assert len(bad) == 5 and all("alibi+none" in line and "stacked" in line and line.endswith(
-        "  RuntimeError: LSE is not correctly aligned (strideH)") for line in bad[1:4])
+    assert bad[0].startswith("gpu_check on ") and bad[-1].startswith("3 of 203 failed")
+    assert bad[1].startswith("batch sizes: ") and bad[2] == "cuDNN attention self-test: none on a CPU"
+    assert len(bad) == 7 and all("alibi+none" in line and "stacked" in line and line.endswith(
+        "  RuntimeError: LSE is not correctly aligned (strideH)") for line in bad[3:6])
+
+
+def test_a_case_fails_on_a_non_finite_weight_or_validation_loss(monkeypatch):
+    """A case whose runs end ok but leave a NaN weight, or a NaN validation loss, fails naming it."""
+    from pefusion.fusion import training
+
+    preset = check.check_preset("text", tiny=True)
+    corpus = check.check_corpus(preset, 2, check.TINY_VOCAB)
+    case = check.Case("text", "sinusoidal", "add", "auto")
+    syncs = check.SyncCount(torch.device("cpu"))
+    check.run_case(case, preset, corpus, torch.device("cpu"), syncs)
+    assert syncs.steps == check.STEPS and syncs.syncs == 0
+    # spoilt after the trial's own checks, as its final record is made
+    monkeypatch.setattr(training.Trainer, "final_record", lambda self, edges: (
+        self.model.head.weight.data.fill_(float("nan")), {R.STATUS: R.STATUS_OK})[1])
+    with pytest.raises(RuntimeError, match="^seed 0: non-finite weights in head.weight$"):
+        check.run_case(case, preset, corpus, torch.device("cpu"), syncs)
+    monkeypatch.setattr(training.Trainer, "final_record", lambda self, edges: (
+        self.history[-1].update({R.VAL_LOSS: float("nan")}), {R.STATUS: R.STATUS_OK})[1])
+    with pytest.raises(RuntimeError, match="^seed 0: validation loss nan$"):
+        check.run_case(case, preset, corpus, torch.device("cpu"), syncs)
 
 
 @pytest.mark.subprocess_ray
@@ -57,6 +84,10 @@ def test_gpu_check_on_a_cpu_runs_every_case_and_a_sweep_through_ray_and_mlflow(t
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     n = len(check.cases(torch.device("cpu")))
-    assert len(lines) == n + 3 and all(line.endswith("  ok") for line in lines[1:-1])
+    assert len(lines) == n + 5 and all(line.endswith("  ok") for line in lines[3:-1])
     assert lines[-2].startswith("sweep ") and lines[-1].startswith(f"0 of {n + 1} failed")
+    assert "syncs per training step 0.00" in lines[-1]
+    wide = [line for line in lines if " 5 stacked " in line]  # its attention calls read from a profile
+    assert len(wide) == 3 and all("[attention: " in line for line in wide)
+    assert sum("long padding" in line for line in lines) == 3
     assert list(tmp_path.iterdir()) == []  # the sweep ran in a folder of its own, removed after

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pefusion import ConfigError, ModelConfig, build_model, build_model_from_config
@@ -290,6 +291,74 @@ def test_alibi_bias_is_minus_slope_times_distance():
             torch.testing.assert_close(bias[0, h], -m * (i - j).abs().float())
             for n in range(T):  # a function of |i - j| alone
                 assert torch.unique(bias[0, h][(i - j).abs() == n]).numel() == 1
+
+
+def test_alibi_bias_is_built_once_per_batch_in_the_compute_dtype_and_shared_by_the_layers(monkeypatch):
+    """Under bf16 autocast, every layer's attention gets the same (B, H, T, T) bf16 tensor (one copy kept for
+    backward, not one per layer), -inf exactly at each document's padded keys and the ALiBi bias elsewhere."""
+    import torch.nn.functional as F
+
+    sdpa, masks = F.scaled_dot_product_attention, []
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model = build_model(V, C, d_model=D, nhead=NHEAD, num_layers=3, dim_ff=FF, dropout=0.0, max_len=MAX_LEN,
+                        pe_type="alibi", fusion="none")
+    tokens = torch.randint(1, V, (2, 12), generator=torch.Generator().manual_seed(0))
+    tokens[1, 7:] = 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(tokens)
+    assert len(masks) == 3 and all(m is masks[0] for m in masks)
+    mask = masks[0]
+    assert mask.dtype == torch.bfloat16 and mask.shape == (2, NHEAD, 12, 12)
+    expected = ALiBi(NHEAD)(12).expand(2, -1, -1, -1).clone()
+    expected[1, :, :, 7:] = float("-inf")
+    torch.testing.assert_close(mask.float(), expected.bfloat16().float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("pe_type,fusion", PAIRS, ids=PAIR_IDS)
+def test_a_training_step_reads_no_value_back_from_the_device(pe_type, fusion):
+    """A training step (forward, loss, backward, clipping, Adam), separate and as 2 stacked seeds, dispatches no op
+    that hands a tensor's value to the host (`.item()`, `bool(tensor)`, `nonzero`, boolean indexing): on a card
+    each would make the host wait for the device. Dropout 0: on a CPU, pefusion's dropout kernels seed a numpy
+    generator from torch's (a read of a host tensor); a card runs PyTorch's dropout."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pefusion.fusion.stacked import stack_models
+
+    reads = {"aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.nonzero.default",
+             "aten.masked_select.default", "aten.item.default"}
+
+    class Reads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func) in reads:
+                self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    def model(seed):
+        torch.manual_seed(seed)
+        return build_model(V, C, d_model=D, nhead=NHEAD, num_layers=LAYERS, dim_ff=FF, dropout=0.0,
+                           max_len=MAX_LEN, pe_type=pe_type, fusion=fusion)
+
+    tokens = torch.randint(1, V, (2, 3, 12), generator=torch.Generator().manual_seed(0))
+    tokens[:, 1, 5:] = 0
+    labels = torch.tensor([[0, 1, 2], [2, 1, 0]])
+    for net, x, y in ((model(0), tokens[0], labels[0]), (stack_models([model(0), model(1)]), tokens, labels)):
+        optimizer = torch.optim.Adam(net.parameters(), fused=True)  # as on a card
+        with Reads() as mode:
+            loss = F.cross_entropy(net(x).float().reshape(-1, C), y.reshape(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            optimizer.step()
+        assert mode.seen == [], (x.dim(), mode.seen)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -40,22 +40,72 @@ def _configs(preset, fusion: str):
     return model, train
 
 
-@pytest.mark.parametrize("fusion", ["add", "concat", "gate_cnn", "mlp_gate"])
-def test_each_stacked_seed_takes_its_separate_trials_steps(smoke_preset, smoke_corpus, deterministic, fusion):
+def _widths(model) -> list[int]:
+    """The width of each batch `model` is called on, as it is called (a forward pre-hook)."""
+    widths: list[int] = []
+    model.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[-1]))
+    return widths
+
+
+@pytest.mark.parametrize("fusion,pad_multiple", [("add", 1), ("concat", 1), ("gate_cnn", 1), ("mlp_gate", 1),
+                                                 ("add", 64), ("gate_cnn", 64)])
+def test_each_stacked_seed_takes_its_separate_trials_steps(smoke_preset, smoke_corpus, deterministic, fusion,
+                                                           pad_multiple):
     """Per-step training loss of each of 3 stacked seeds against its own separate trial, over 50 steps, fp32 on
     the CPU: within 1e-4 (float rounding of batched products and wider padding), while two seeds differ by far
-    more."""
+    more. With widths rounded to 64 (a card's batches), each stacked step is exactly as wide as every seed's own
+    batch: the seeds share the order of widths, so no seed's step is padded for another's."""
     model, train = _configs(smoke_preset, fusion)
-    separate = {}
+    train = dataclasses.replace(train, pad_multiple=pad_multiple)
+    separate, widths = {}, {}
     for seed in SEEDS:
         trainer = Trainer(model, dataclasses.replace(train, seed=seed), smoke_corpus)
+        widths[seed] = _widths(trainer.model)
         separate[seed] = [float(loss) for loss, _ in itertools.islice(trainer.train_steps(), STEPS)]
     stacked = StackedTrainer(model, train, smoke_corpus, SEEDS)
+    stacked_widths = _widths(stacked.model)
     steps = [losses.tolist() for losses, _ in itertools.islice(stacked.train_steps(), STEPS)]
     assert len(steps) == STEPS
     for row, seed in enumerate(SEEDS):
         np.testing.assert_allclose([s[row] for s in steps], separate[seed], rtol=0, atol=1e-4, err_msg=str(seed))
     assert np.abs(np.subtract(separate[0], separate[1])).max() > 1e-2  # the seeds' trials are not alike
+    if pad_multiple == 64:
+        assert set(stacked_widths) == {64, 128}
+        assert all(widths[seed] == stacked_widths for seed in SEEDS)
+
+
+def test_at_rounded_widths_stacked_seeds_compute_the_token_slots_of_separate_trials():
+    """The batch plan of an epoch over 3 000 documents of review-like lengths (log-normal, at most 512 tokens),
+    batches of 64, widths rounded to 64: the slots that 1, 3 and 5 stacked seeds compute per real token, counted
+    here from each step's batches (the largest batch × its widest document rounded up), are one separate trial's
+    (target: at most 1.05×); the seeds still draw their own documents. Unrounded (a CPU's batches), the seeds'
+    widths differ and a stacked step computes more than its seeds."""
+    from pefusion.data.batching import batch_order
+    from pefusion.fusion.stacked import computed_per_real_token
+
+    rng = np.random.default_rng(3)
+    lengths = np.minimum(rng.lognormal(5.2, 0.7, 3000).astype(np.int64) + 1, 512)
+    size, max_len = 64, 512
+
+    def by_hand(seeds, multiple):
+        orders = [batch_order(lengths, size, shuffle=True, seed=s, epoch=2, pad_multiple=multiple, max_width=max_len)
+                  for s in seeds]
+        slots = 0
+        for step in zip(*orders):
+            longest = max(int(lengths[b].max()) for b in step)
+            slots += len(seeds) * max(len(b) for b in step) * min(-(-longest // multiple) * multiple, max_len)
+        return slots / (len(seeds) * lengths.sum())
+
+    separate = by_hand([0], 64)
+    for seeds in ([0], [0, 1, 2], [0, 1, 2, 3, 4]):
+        ratio = computed_per_real_token(lengths, size, seeds, 64, max_len, epoch=2)
+        assert ratio == pytest.approx(by_hand(seeds, 64), rel=1e-12)
+        assert ratio <= 1.05 * separate
+    first, second = (batch_order(lengths, size, shuffle=True, seed=s, epoch=2, pad_multiple=64, max_width=max_len)
+                     for s in (0, 1))
+    assert all(len(a) == len(b) for a, b in zip(first, second))
+    assert sum(not np.array_equal(np.sort(a), np.sort(b)) for a, b in zip(first, second)) > len(first) // 2
+    assert by_hand([0, 1, 2, 3, 4], 1) > 1.05 * by_hand([0], 1)
 
 
 @pytest.mark.parametrize("pe_type,fusion", allowed_pairs())
@@ -101,7 +151,7 @@ def test_a_stacked_step_reaches_attention_through_the_call_a_gpu_makes(smoke_pre
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     model, train = _configs(smoke_preset, "add")
     _, sizes = next(StackedTrainer(model, train, smoke_corpus, SEEDS).train_steps())
-    assert seen == [(False, True, len(SEEDS) * max(sizes))] * model.num_layers
+    assert seen == [(False, True, len(SEEDS) * int(sizes.max()))] * model.num_layers
 
 
 def test_a_stacked_step_runs_the_same_ops_for_four_seeds_as_for_one(smoke_preset, smoke_corpus):
@@ -178,3 +228,74 @@ def test_the_grid_trains_one_trial_per_seed_by_default_also_where_trials_get_a_g
 
     assert settled(None) is None and settled(False) is None
     assert settled(True) == "seed"
+
+
+def _planting_after_the_epoch(steps, plant):
+    """`steps` (a trainer's train_steps) with `plant()` run once its epoch's last step is done: a weight spoilt by
+    the last update, which no loss of the epoch saw."""
+    def planted():
+        yield from steps()
+        plant()
+    return planted
+
+
+def test_a_stacked_seed_whose_weight_turns_non_finite_in_the_last_step_ends_diverged(smoke_preset, smoke_corpus):
+    """Seed 1's slice of a weight turns NaN after the epoch's last step (its losses all finite), in a one-epoch
+    trial: seed 1 ends diverged naming the weight and the epoch; seeds 0 and 2 end ok."""
+    from pefusion import record as R
+
+    train = dataclasses.replace(smoke_preset.train, max_epochs=1, device="cpu")
+    stacked = StackedTrainer(smoke_preset.model, train, smoke_corpus, SEEDS)
+    stacked.train_steps = _planting_after_the_epoch(
+        stacked.train_steps, lambda: stacked.model.head.weight.data[1, 0, 0].fill_(float("nan")))
+    stacked.train_epoch()
+    records = stacked.final_records(smoke_preset.data.length_edges)
+    assert records[1][R.STATUS] == R.STATUS_DIVERGED
+    assert records[1][R.ERROR] == "non-finite parameter head.weight after epoch 1"
+    assert [records[s][R.STATUS] for s in (0, 2)] == [R.STATUS_OK, R.STATUS_OK]
+
+
+def test_each_stacked_seeds_learning_rate_follows_its_own_epoch_when_the_lead_seed_stops(smoke_preset,
+                                                                                           smoke_corpus):
+    """The `text` preset's schedule (warm-up, then cosine decay over the budget) on 3 stacked seeds for 3 epochs;
+    the lead seed's weights are spoilt after epoch 1, so it ends diverged in epoch 2 and leaves. Every step's
+    learning rate of the stack, epoch 3 included, is the one seed 1's separate trial takes at that step."""
+    from pefusion.fusion.config import PRESETS
+
+    train = dataclasses.replace(PRESETS["text"].train, max_epochs=3, early_stopping=False, device="cpu")
+    separate = Trainer(smoke_preset.model, dataclasses.replace(train, seed=1), smoke_corpus)
+    expected = []
+    for _ in range(train.max_epochs):
+        expected += [separate.optimizer.param_groups[0]["lr"] for _ in separate.train_steps()]
+        separate.epoch += 1
+    stacked = StackedTrainer(smoke_preset.model, train, smoke_corpus, SEEDS)
+    seen = []
+    step = stacked.step
+    stacked.step = lambda batch: (seen.append(stacked.optimizer.param_groups[0]["lr"]), step(batch))[1]
+    stacked.train_epoch()
+    with torch.no_grad():
+        next(stacked.model.parameters())[0].fill_(float("nan"))  # the lead seed's slice
+    while not stacked.finished:
+        stacked.train_epoch()
+    assert stacked.diverged.keys() == {0} and stacked.trainers[1].epoch == 3
+    assert len(seen) == len(expected) and len(set(expected)) > 10  # the schedule moves at every step
+    assert seen == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_the_padding_benchmark_reads_a_training_split_and_prints_each_seed_count(tmp_path, capsys):
+    """`bench_stacked.py --padding DIR` on a folder of 300 reviews: a line per (pad multiple, seeds), at 64 the
+    stacked seeds computing a separate trial's slots, unrounded more."""
+    import json
+
+    from benchmarks.stacked import main
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "validation", "test"):
+        with open(tmp_path / f"{split}.jsonl", "w") as f:
+            for n in rng.integers(1, 700, 300):
+                f.write(json.dumps({"text": " ".join(["w"] * int(n)), "label": int(n) % 2}) + "\n")
+    assert main(["--padding", str(tmp_path)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(x["pad_multiple"], x["seeds"]) for x in lines] == [(64, 1), (64, 3), (64, 5), (1, 1), (1, 3), (1, 5)]
+    assert all(x["documents"] == 300 and x["over_separate"] == 1.0 for x in lines[:3])
+    assert lines[5]["over_separate"] > 1.05

@@ -310,3 +310,22 @@ def test_no_batch_shape_is_new_after_the_first_epoch_when_widths_are_rounded():
         trainer.train_epoch()
     assert {w for _, w in shapes[0]} == {16 * k for k in range(1, 9)}  # every width of 16 up to 128
     assert shapes[1] <= shapes[0]
+
+
+def test_a_weight_that_turns_non_finite_in_the_last_step_ends_the_trial_diverged(smoke_preset, smoke_corpus):
+    """An infinity planted in a weight after the last step of a one-epoch trial (every loss of the epoch finite):
+    the trial ends diverged, naming the weight and the epoch, not ok with a broken model."""
+    model, train = _cfgs(smoke_preset, max_epochs=1, device="cpu")
+    trainer = Trainer(model, train, smoke_corpus)
+    steps = trainer.train_steps
+
+    def planted():
+        yield from steps()
+        with torch.no_grad():
+            trainer.model.head.weight[0, 0] = float("inf")
+
+    trainer.train_steps = planted
+    record = train_and_evaluate(model, train, smoke_corpus, length_edges=smoke_preset.data.length_edges,
+                                trainer=trainer)
+    assert record[R.STATUS] == R.STATUS_DIVERGED
+    assert record[R.ERROR] == "non-finite parameter head.weight after epoch 1" and record[R.EPOCHS_RUN] == 0

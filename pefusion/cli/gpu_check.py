@@ -1,7 +1,9 @@
 """`python scripts/gpu_check.py`: does everything the project trains run on this machine's card?
 
 Every model case of the PE-fusion study (`pefusion.fusion.check`: each PE × fusion pair at the two paper presets'
-sizes and the `text` preset's options, each precision, separate and as S = 2 stacked seeds), then a grid sweep of
+sizes and the `text` preset's options, each precision, separate and as S = 2 stacked seeds; per size, 5 stacked
+seeds and ALiBi across long padding; every weight and validation loss finite after each; the training steps
+watched for host-device synchronisations), then a grid sweep of
 two runs through Ray and MLflow (`SWEEP_ARGS`: the demo preset's sinusoidal+add cell, seeds 0 and 1, one epoch; the
 `auto` GPU probe and every other flag at its default), in a temporary folder that is removed after. One line per case, `ok` or the error's last line, and
 exit code 1 when any failed. With `--device cpu` the same cases run shrunk (`--smoke` sizes) and the sweep sees no
@@ -26,8 +28,9 @@ import torch
 import pefusion
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.fusion.check import cases, run_cases
-from pefusion.fusion.device import device_name
+from pefusion.fusion.check import SyncCount, batch_note, cases, precisions, run_cases
+from pefusion.fusion.device import (bf16_supported, compute_dtype, cudnn_self_test, device_name,
+                                    resolve_precision)
 
 # Two runs of the demo grid: the model cases cover every pair already; the sweep checks Ray, MLflow, the GPU probe
 # and stacking's default on the card.
@@ -37,9 +40,10 @@ SWEEP_TIMEOUT_S = 600
 SWEEP_NAME = "sweep      demo sinusoidal+add seeds 0,1, 1 epoch, Ray + MLflow"
 # What to compare a card run with (printed on a GPU).
 ON_A_CARD = """\
-On one H200 every line above is ok and the command ends within 180 s. How fast this card trains, to compare with
-the H200's numbers in docs/benchmarks.md (GPU):
-  python scripts/bench_gpu.py --fusions add --attention policy,efficient --packing 1 --stacked 0 --json-out gpu.jsonl"""
+Every line above ok, with 0 syncs per training step, means the card trains every case. How fast it trains, to
+compare with the H200's numbers in docs/benchmarks.md (GPU):
+  python scripts/bench_gpu.py --fusions add --attention policy,efficient --packing 1 --stacked 0 --json-out gpu.jsonl
+Stacked seeds against one trial and against packed separate trials: docs/gpus.md, "Stacked seeds on a card"."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -78,6 +82,16 @@ def sweep_check(device: str) -> str:
     return "ok"
 
 
+def self_test_line(device: torch.device) -> str:
+    """The outcome of cuDNN's attention self-test in each dtype the cases compute in (run once per process)."""
+    if device.type != "cuda":
+        return "cuDNN attention self-test: none on a CPU"
+    dtypes = dict.fromkeys(compute_dtype(resolve_precision(p, "cuda", bf16_supported(device)))
+                           for p in precisions(device))
+    outcomes = [f"{str(d).removeprefix('torch.')} {cudnn_self_test(device, d) or 'passed'}" for d in dtypes]
+    return f"cuDNN attention self-test: {'; '.join(outcomes)}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -88,17 +102,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     todo = cases(device)
     print(f"gpu_check on {device_name(device)}, torch {torch.__version__}: {len(todo)} model cases"
           f"{' (shrunk)' if tiny else ''}, then a sweep", flush=True)
-    start, failed = time.monotonic(), 0
-    for case, outcome, _ in run_cases(device, tiny):
-        failed += outcome != "ok"
-        print(f"{case.name}  {outcome}", flush=True)
+    print(batch_note(tiny), flush=True)
+    print(self_test_line(device), flush=True)
+    start, failed, syncs = time.monotonic(), 0, SyncCount(device)
+    for done in run_cases(device, tiny, syncs):
+        failed += done.outcome != "ok"
+        kernels = ", ".join(f"{k} {n}" for k, n in sorted(done.kernels.items()))
+        print(f"{done.case.name}{f'  [attention: {kernels}]' if kernels else ''}  {done.outcome}", flush=True)
     cases_s = time.monotonic() - start
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the sweep's trials share the card with this process
     outcome = sweep_check(args.device)
     failed += outcome != "ok"
     print(f"{SWEEP_NAME}  {outcome}", flush=True)
-    print(f"{failed} of {len(todo) + 1} failed; {time.monotonic() - start:.0f} s (cases {cases_s:.0f} s)", flush=True)
+    print(f"{failed} of {len(todo) + 1} failed; {time.monotonic() - start:.0f} s (cases {cases_s:.0f} s); "
+          f"{syncs.summary()}", flush=True)
     if device.type == "cuda":
         print(ON_A_CARD)
     return 1 if failed else 0

@@ -32,7 +32,10 @@ def batch_order(lengths: np.ndarray, batch_size: int, *, shuffle: bool, seed: in
     (`batch_widths`), in a random order among documents of one width, cut into batches, the batch order shuffled:
     batch k holds the documents of ranks k·B to (k+1)·B − 1 in width order, so its size and width are the same in
     every epoch, and an epoch brings no (batch, width) shape the first one did not (kernels planned per shape are
-    planned in the first epoch only). Deterministic for (seed, epoch)."""
+    planned in the first epoch only). The order of those batches is drawn from the epoch alone (`shared_order`),
+    the documents within a width from (seed, epoch): every seed of one split and batch size meets the same
+    (size, width) at step k, so seeds trained together pad nothing for one another (`pefusion.fusion.stacked`).
+    Deterministic for (seed, epoch)."""
     n = len(lengths)
     if not shuffle:
         order = np.argsort(lengths, kind="stable")
@@ -41,7 +44,7 @@ def batch_order(lengths: np.ndarray, batch_size: int, *, shuffle: bool, seed: in
     if pad_multiple > 1:
         order = np.lexsort((rng.random(n), batch_widths(lengths, pad_multiple, max_width)))
         batches = [order[i:i + batch_size] for i in range(0, n, batch_size)]
-        return [batches[i] for i in rng.permutation(len(batches))]
+        return [batches[i] for i in shared_order(epoch).permutation(len(batches))]
     perm = rng.permutation(n)
     chunk = batch_size * BATCHES_PER_SORT_CHUNK
     batches = []
@@ -50,6 +53,12 @@ def batch_order(lengths: np.ndarray, batch_size: int, *, shuffle: bool, seed: in
         part = part[np.argsort(lengths[part], kind="stable")]
         batches += [part[i:i + batch_size] for i in range(0, len(part), batch_size)]
     return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def shared_order(epoch: int) -> np.random.Generator:
+    """The generator of epoch `epoch`'s order of widths, the same for every seed: a stream of its own (a spawn key),
+    never one of the seeds' (seed, epoch) streams."""
+    return np.random.default_rng(np.random.SeedSequence(epoch, spawn_key=(0,)))
 
 
 def batch_widths(lengths: np.ndarray, multiple: int, limit: int | None = None) -> np.ndarray:

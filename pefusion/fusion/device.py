@@ -17,15 +17,24 @@ Why these choices on a GPU (docs/gpus.md; the measurements, from `scripts/bench_
   paid once, in the first epoch (batching keeps every later epoch on the first one's shapes); with more widths
   (unpadded batches, a small multiple) cuDNN stays off and the efficient kernel, which plans nothing, runs.
   Flash attention takes no mask, and the model always passes its key-padding mask, so flash never runs.
+- cuDNN's attention proven first: some cuDNN builds return NaN gradients for a masked attention whose key length
+  is 64 (mod 128) when a query row's log-sum-exp is very negative (an ALiBi bias across long padding makes such
+  rows; they are padding, but NaN times 0 is NaN in the weights). Before a process lets cuDNN's attention run it
+  runs that case with cuDNN's kernel and with the memory-efficient one (`cudnn_self_test`), and where cuDNN's
+  gradients are non-finite or disagree it keeps cuDNN off, saying why in the trial's `attention` param.
 """
 from __future__ import annotations
 
+import functools
 import platform
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pefusion import record as R
 
@@ -34,6 +43,20 @@ PAD_MULTIPLE_CUDA = 64  # batch widths on a GPU: max_len / 64 shapes at most (8 
 # MAX_CUDNN_WIDTHS: the arxiv preset's 4 096 / 64 widths, each planned once (README, GPUs).
 MIN_CUDNN_MULTIPLE = 64
 MAX_CUDNN_WIDTHS = 64
+# The self-test of cuDNN's attention: the failing case's key length (≡ 64 mod 128) and a bias slope that drives
+# the padding rows' log-sum-exp far below float32's exp range (about −88.7)
+SELF_TEST_SHAPE = (2, 2, 192, 64)  # (B, H, T, hd)
+SELF_TEST_REAL, SELF_TEST_SLOPE = 16, 1.0  # real keys of document 0 (the rest padding); −slope·|i − j|
+SELF_TEST_TOLERANCE = 0.05  # of the reference gradient's largest magnitude: bf16 rounding is ~1e-2 of it
+# The attention kernel behind each op name a profile shows (torch.profiler's event names).
+KERNEL_OPS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "_ChunkedDropoutAttention": "chunked",  # pefusion.fusion.attention's autograd Function
+}
 
 
 def select_device(preference: str = "auto") -> torch.device:
@@ -94,6 +117,76 @@ def attention_policy(device_type: str, pad_multiple: int, max_len: int) -> Atten
                            f"planned)", cudnn=False)
 
 
+def self_test_inputs(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """q, k, v (B, H, T, hd), a float mask (B, H, T, T) and an upstream gradient (B, H, T, hd) for the self-test:
+    T ≡ 64 (mod 128); document 0 has SELF_TEST_REAL real keys and T − SELF_TEST_REAL of padding (−inf), with an
+    ALiBi-like bias −SELF_TEST_SLOPE·|i − j|, so its last rows' log-sum-exp is about −(T − SELF_TEST_REAL);
+    document 1 has no padding. Drawn from a generator of its own: the trial's random stream is untouched."""
+    B, H, T, hd = SELF_TEST_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, grad = (torch.randn(B, H, T, hd, generator=gen) for _ in range(4))
+    pos = torch.arange(T)
+    mask = (-SELF_TEST_SLOPE * (pos[:, None] - pos[None, :]).abs().float()).expand(B, H, T, T).clone()
+    mask[0, :, :, SELF_TEST_REAL:] = float("-inf")
+    return tuple(t.to(device, dtype) for t in (q, k, v, mask, grad))
+
+
+def attention_gradients(inputs: Sequence[torch.Tensor], backend: SDPBackend) -> list[torch.Tensor]:
+    """(grad_q, grad_k, grad_v) of SDPA on `self_test_inputs`, with only `backend`'s kernel allowed."""
+    q, k, v, mask, grad = (t.clone().requires_grad_(i < 3) for i, t in enumerate(inputs))
+    with sdpa_kernel([backend]):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask).backward(grad)
+    return [q.grad, k.grad, v.grad]
+
+
+def gradients_disagree(tested: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]) -> str | None:
+    """Why the `tested` kernel's (grad_q, grad_k, grad_v) cannot be trusted against the `reference` kernel's, or
+    None: a non-finite entry, or a difference beyond SELF_TEST_TOLERANCE of the reference's largest magnitude."""
+    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), tested, reference):
+        got, want = got.float(), want.float()
+        bad = int((~torch.isfinite(got)).sum())
+        if bad:
+            return f"{name} has {bad} non-finite entries"
+        error, scale = float((got - want).abs().max()), float(want.abs().max())
+        if error > SELF_TEST_TOLERANCE * scale:
+            return f"{name} differs from the memory-efficient kernel's by {error:.3g} (largest {scale:.3g})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def cudnn_self_test(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Run the self-test on `device` (CUDA) in `dtype`, once per process: None when cuDNN's attention gradients
+    are finite and agree with the memory-efficient kernel's, else why not (its error, where it cannot run)."""
+    inputs = self_test_inputs(device, dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SDPA warns of each kernel it cannot use; the error says what matters
+        try:
+            reference = attention_gradients(inputs, SDPBackend.EFFICIENT_ATTENTION)
+        except RuntimeError as exc:
+            return f"the memory-efficient kernel did not run ({str(exc).splitlines()[0]})"
+        try:
+            tested = attention_gradients(inputs, SDPBackend.CUDNN_ATTENTION)
+        except RuntimeError:
+            return f"cuDNN's attention did not run in {str(dtype).removeprefix('torch.')}"
+    return gradients_disagree(tested, reference)
+
+
+def proven_policy(policy: AttentionPolicy, self_test: Callable[[], str | None]) -> AttentionPolicy:
+    """`policy` once cuDNN's attention has proven itself: unchanged where cuDNN is off (no test runs); where the
+    self-test finds a fault, cuDNN off and the name says why; else the name adds that it passed."""
+    if not policy.cudnn:
+        return policy
+    fault = self_test()
+    if fault is not None:
+        return AttentionPolicy(f"flash, efficient, math (cuDNN off by its self-test: {fault})", cudnn=False)
+    return replace(policy, name=f"{policy.name[:-1]}; self-test passed)")
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype attention computes in at a resolved precision."""
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
 def configure(device: torch.device, precision: str, policy: AttentionPolicy) -> None:
     """Apply `precision`'s TF32 setting and `policy` to this process, on CUDA only: a CPU process is left as it is.
 
@@ -144,7 +237,20 @@ def place(device: torch.device, precision: str, pad_multiple: int, max_len: int)
     """Resolve the requested precision and pad multiple on `device`, choose its attention policy for batches at
     most `max_len` wide, and apply them to this process."""
     multiple = resolve_pad_multiple(pad_multiple, device.type)
-    placement = Placement(device, resolve_precision(precision, device.type, bf16_supported(device)), multiple,
-                          attention_policy(device.type, multiple, max_len))
+    resolved = resolve_precision(precision, device.type, bf16_supported(device))
+    policy = attention_policy(device.type, multiple, max_len)
+    if device.type == "cuda":
+        policy = proven_policy(policy, lambda: cudnn_self_test(device, compute_dtype(resolved)))
+    placement = Placement(device, resolved, multiple, policy)
     configure(device, placement.precision, placement.attention)
     return placement
+
+
+def attention_kernels(events: Sequence[Any]) -> dict[str, int]:
+    """How many attention calls ran on each kernel, from a profile's events (`torch.profiler.profile.events()`)."""
+    counts: dict[str, int] = {}
+    for event in events:
+        kernel = KERNEL_OPS.get(event.name)
+        if kernel is not None:
+            counts[kernel] = counts.get(kernel, 0) + 1
+    return counts

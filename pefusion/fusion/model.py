@@ -58,15 +58,14 @@ class SelfAttention(nn.Module):
         nn.init.zeros_(self.out_proj.bias)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
-        """x (B, T, d); attn_mask bool (B, 1, 1, T) True = attend, or float logit bias (B, H, T, T). Stacked,
+        """x (B, T, d); attn_mask bool (B, 1, 1, T) True = attend, or float logit bias (B, H, T, T) in q's dtype
+        (`PEFusionClassifier.forward` builds it in the compute dtype). Stacked,
         x (S, B, T, d) and the mask's batch S·B: the seeds' documents are one batch of S·B to SDPA."""
         T, d = x.shape[-2:]
         qkv = linear(x, self.in_proj_weight, self.in_proj_bias)  # (B, T, 3d)
         q, k, v = qkv.reshape(-1, T, 3, self.nhead, d // self.nhead).permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
         if rotary is not None:
             q, k = rotary(q), rotary(k)
-        if attn_mask.is_floating_point() and attn_mask.dtype != q.dtype:  # autocast runs q in bf16
-            attn_mask = attn_mask.to(q.dtype)
         y = attention(q, k, v, attn_mask, self.dropout if self.training else 0.0)  # (B, H, T, hd)
         return self.out_proj(y.transpose(1, 2).reshape(x.shape))
 
@@ -141,9 +140,12 @@ class PEFusionClassifier(nn.Module):
         # pooled vector is zero anyway.
         attend = ~pad | pad.all(dim=-1, keepdim=True)  # (B, T)
         attn_mask = attend.reshape(-1, T)[:, None, None, :]  # (B, 1, 1, T), broadcast over heads and queries
-        if isinstance(self.positional, ALiBi):  # a logit bias (1, H, T, T); padded batches need a copy per document
-            bias = self.positional(T)
-            attn_mask = bias if bool(attend.all()) else bias.masked_fill(~attn_mask, float("-inf"))  # (B, H, T, T)
+        if isinstance(self.positional, ALiBi):
+            # One logit bias for every layer, in the dtype attention computes in (bf16 under autocast), -inf at each
+            # document's padding: (B, H, T, T), kept once for backward. Built for every batch, padded or not:
+            # asking whether it has padding would make the host wait for the device.
+            dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else h.dtype
+            attn_mask = self.positional(T, dtype).masked_fill(~attn_mask, float("-inf"))  # (B, H, T, T)
         rotary = self.positional if isinstance(self.positional, Rotary) else None
         for layer in self.layers:
             h = layer(h, attn_mask, rotary)

@@ -176,13 +176,14 @@ class ALiBi(nn.Module):
         self.register_buffer("slopes", alibi_slopes(nhead), persistent=False)
         self._cache: tuple[tuple, torch.Tensor] | None = None
 
-    def forward(self, T: int) -> torch.Tensor:
-        """The bias for T positions, kept for the next call with the same T (bucketed batches repeat T)."""
-        key = (T, self.slopes.device, self.slopes.dtype)
+    def forward(self, T: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The bias for T positions in `dtype` (default the slopes' float32), computed in float32 and kept for the
+        next call with the same T and dtype (bucketed batches repeat T)."""
+        key = (T, self.slopes.device, dtype or self.slopes.dtype)
         if self._cache is None or self._cache[0] != key:
             pos = torch.arange(T, device=self.slopes.device)
             distance = (pos[:, None] - pos[None, :]).abs()  # (T, T)
-            self._cache = (key, -self.slopes[:, None, None] * distance)  # (H, T, T)
+            self._cache = (key, (-self.slopes[:, None, None] * distance).to(key[2]))  # (H, T, T)
         return self._cache[1].unsqueeze(0)  # (1, H, T, T)
 
 

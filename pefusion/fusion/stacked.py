@@ -19,10 +19,20 @@ elementwise: each seed's slice moves as its own optimiser would move it; fused o
 (early stopping, its epoch budget, or a diverged loss) leaves the stack with its optimiser state, so no later step
 touches it; the trial ends when every seed has stopped.
 
-Seeds' batches differ in length and, at the end of an epoch, in size: a step's batch is padded to the widest of
-them (then to the pad multiple) and to the largest, with padding-only documents that count in no loss. With
-dropout 0 every seed's per-step loss is its separate trial's up to float rounding (`tests/test_stacked.py`); with
-dropout, each seed draws its own masks, from one stream.
+A step's batch is padded to the widest of the seeds' batches (then to the pad multiple) and to the largest, with
+padding-only documents that count in no loss. Where widths are rounded (pad multiple > 1, a GPU's default) every
+seed meets the same (size, width) at step k (`batching.batch_order` draws the order of widths from the epoch
+alone; the documents of a width are each seed's own draw), so a step pads nothing for another seed: S stacked
+seeds compute S separate trials' token slots (`computed_per_real_token`). Unrounded (the CPU's default) the seeds'
+batches differ in width and the stack computes more. With dropout 0 every seed's per-step loss is its separate
+trial's up to float rounding (`tests/test_stacked.py`); with dropout, each seed draws its own masks, from one
+stream.
+
+A step never makes the host wait for the device: the losses and the documents counted in them stay on the
+device until the epoch's end. Every active seed has trained the same number of epochs (a seed leaves the stack
+when it stops), so their learning-rate schedules agree; the stack follows the first active seed's. When a seed
+leaves, the stacked batch becomes (S − 1)·B documents: each width is a new shape once more, and a kernel planned
+per shape (cuDNN's attention) plans it again, at most max_len / pad multiple plans per seed that stops.
 """
 from __future__ import annotations
 
@@ -58,6 +68,25 @@ def stack_models(models: Sequence[PEFusionClassifier]) -> PEFusionClassifier:
     return stacked
 
 
+def step_shape(lengths: np.ndarray, indices: Sequence[np.ndarray], pad_multiple: int, max_len: int) -> tuple[int, int]:
+    """(documents, width) of each seed's row of a stacked step whose seeds take documents `indices[s]` of a split
+    of `lengths`: the largest batch, padded to the widest document rounded up to `pad_multiple` (at most
+    `max_len`). One seed: its separate trial's batch."""
+    width = batch_width(max(int(lengths[i].max()) for i in indices), pad_multiple, max_len)
+    return max(len(i) for i in indices), width
+
+
+def computed_per_real_token(lengths: np.ndarray, batch_size: int, seeds: Sequence[int], pad_multiple: int,
+                            max_len: int, epoch: int = 0) -> float:
+    """Token slots the seeds' stacked steps compute in one training epoch (S × documents × width per step) per
+    token of their documents: 1 without padding; for one seed, a separate trial's."""
+    orders = [batch_order(lengths, batch_size, shuffle=True, seed=seed, epoch=epoch, pad_multiple=pad_multiple,
+                          max_width=max_len) for seed in seeds]
+    slots = sum(size * width for size, width in
+                (step_shape(lengths, indices, pad_multiple, max_len) for indices in zip(*orders)))
+    return slots / float(lengths.sum())
+
+
 class StackedTrainer:
     """One `Trainer` per seed, trained as one stacked model; see the module docstring."""
 
@@ -68,9 +97,9 @@ class StackedTrainer:
         # Each built as its separate trial builds it: its own seed, initialisation and data order.
         self.trainers = {seed: Trainer(model_cfg, dataclasses.replace(train_cfg, seed=seed), corpus, device)
                          for seed in seeds}
-        self.lead = self.trainers[seeds[0]]  # what every seed shares: device, precision, schedule, batch widths
+        self.lead = self.trainers[seeds[0]]  # what every seed shares: device, precision, batch widths, loss
         self.device = self.lead.device
-        self.diverged: dict[int, str] = {}  # seed -> why its loss became non-finite
+        self.diverged: dict[int, str] = {}  # seed -> why its loss or a weight became non-finite
         self.active: list[int] = []
         self._stack(list(seeds))
 
@@ -107,10 +136,11 @@ class StackedTrainer:
                 tensor.copy_(stacked[name][row])
 
     # --- training ----------------------------------------------------------------------------------------------
-    def step(self, batch: torch.Tensor) -> torch.Tensor:
+    def step(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimiser step of every active seed on its own batch: `batch` (S, B, T + 1) on the device, row s
         seed s's (in `self.active`'s order) token ids with its labels in the last column (`NO_LABEL` for a
-        padding-only document). Returns the seeds' mean batch losses (S,), detached, on the device."""
+        padding-only document). Returns the seeds' mean batch losses (S,) and their documents (S,), detached, on
+        the device."""
         tokens, labels = batch[..., :-1], batch[..., -1]  # (S, B, T), (S, B)
         self.model.train()
         with self.lead.autocast():
@@ -118,13 +148,14 @@ class StackedTrainer:
         # (S, C, B) logits against (S, B) labels: no reshape, whose backward would copy for S > 1 only
         per_doc = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=NO_LABEL,
                                   label_smoothing=self.lead.train_cfg.label_smoothing, reduction="none")  # (S, B)
-        losses = per_doc.sum(1) / (labels != NO_LABEL).sum(1)  # (S,) each seed's mean
+        counts = (labels != NO_LABEL).sum(1)  # (S,)
+        losses = per_doc.sum(1) / counts  # (S,) each seed's mean
         self.optimizer.zero_grad(set_to_none=True)
         losses.sum().backward()  # a seed's weights reach its own loss only: its gradient is its trial's
         if self.lead.train_cfg.grad_clip > 0:
             self._clip(self.lead.train_cfg.grad_clip)
         self.optimizer.step()
-        return losses.detach()
+        return losses.detach(), counts
 
     @torch.no_grad()
     def _clip(self, max_norm: float) -> None:
@@ -141,11 +172,10 @@ class StackedTrainer:
         """The seeds' batches (documents `indices[s]` of the training split) as one host (S, B, T + 1) int64
         tensor (see `step`): widths padded to the widest (then to the pad multiple), sizes to the largest with
         padding-only documents."""
-        split, placement = self.lead.corpus.train, self.lead.placement
-        lengths = split.lengths
-        width = batch_width(max(int(lengths[i].max()) for i in indices), placement.pad_multiple,
-                            self.lead.model_cfg.max_len)
-        packed = np.zeros((len(indices), max(len(i) for i in indices), width + 1), dtype=np.int64)
+        split = self.lead.corpus.train
+        size, width = step_shape(split.lengths, indices, self.lead.placement.pad_multiple,
+                                 self.lead.model_cfg.max_len)
+        packed = np.zeros((len(indices), size, width + 1), dtype=np.int64)
         packed[..., -1] = NO_LABEL
         for row, index in enumerate(indices):
             tokens = pad_batch(split, index)  # (n, t)
@@ -153,20 +183,21 @@ class StackedTrainer:
             packed[row, :len(index), -1] = split.labels[index]
         return torch.from_numpy(packed)
 
-    def train_steps(self) -> Iterator[tuple[torch.Tensor, np.ndarray]]:
-        """The optimiser steps of the active seeds' current epoch, each yielding (their mean batch losses (S,) on
-        the device, their batch sizes (S,)). Every seed has as many batches (the same split and batch size), in its
-        own trial's order."""
+    def train_steps(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The optimiser steps of the active seeds' current epoch, each yielding their mean batch losses (S,) and
+        batch sizes (S,), both on the device. Every seed has as many batches (the same split and batch size), in
+        its own trial's order, and the same learning rate: the active seeds have trained as many epochs."""
         trainers = [self.trainers[s] for s in self.active]
+        first = trainers[0]  # not the lead seed's epoch: it may have stopped
         for t in trainers:
             t.model.train()
         orders = [batch_order(t.corpus.train.lengths, t.train_cfg.batch_size, shuffle=True, seed=t.train_cfg.seed,
                               epoch=t.epoch, pad_multiple=t.placement.pad_multiple, max_width=t.model_cfg.max_len)
                   for t in trainers]
         for i, indices in enumerate(zip(*orders)):
-            if self.lead.scheduled:
-                self.lead.set_lr(self.optimizer, i)
-            yield self.step(to_device(self._host_batch(indices), self.device)), np.array([len(x) for x in indices])
+            if first.scheduled:
+                first.set_lr(self.optimizer, i)
+            yield self.step(to_device(self._host_batch(indices), self.device))
 
     def train_epoch(self) -> dict[int, dict[str, Any]]:
         """One epoch of every active seed, then each seed's own validation and early stopping; a seed whose loss
@@ -174,11 +205,11 @@ class StackedTrainer:
         drops the seeds that stopped from the stack."""
         start = epoch_start(self.device)  # (resets the device's peak memory, which each seed's end_epoch reads)
         loss_sum = torch.zeros(len(self.active), dtype=torch.float64, device=self.device)
-        n_seen = np.zeros(len(self.active))
+        n_seen = torch.zeros(len(self.active), dtype=torch.int64, device=self.device)
         for losses, sizes in self.train_steps():
-            loss_sum += losses.double() * torch.as_tensor(sizes, device=self.device)
+            loss_sum += losses.double() * sizes
             n_seen += sizes
-        losses = (loss_sum.cpu().numpy() / np.maximum(n_seen, 1)).tolist()  # waits for the GPU's last step
+        losses = (loss_sum / n_seen.clamp(min=1)).tolist()  # waits for the GPU's last step
         seconds = time.perf_counter() - start  # the seeds' shared epoch: each seed's training time
         self.sync_models()
         metrics = {}

@@ -33,7 +33,7 @@ from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 
 
 class Diverged(RuntimeError):
-    """The training loss became non-finite."""
+    """The training loss or a parameter became non-finite."""
 
 
 def seed_everything(seed: int) -> None:
@@ -67,6 +67,15 @@ def memory_peaks(device: torch.device) -> dict[str, float]:
         return {}
     return {R.PEAK_MEM_ALLOC_MIB: torch.cuda.max_memory_allocated(device) / 2 ** 20,
             R.PEAK_MEM_RESERVED_MIB: torch.cuda.max_memory_reserved(device) / 2 ** 20}
+
+
+def nonfinite_parameter(model: torch.nn.Module) -> str | None:
+    """The name of `model`'s first parameter holding a NaN or an infinity, or None: one flag per parameter computed
+    on the device and read in one transfer. Read at an epoch's end: a non-finite weight stays so under Adam (its
+    gradient and update are non-finite too), so none that appeared during the epoch is missed."""
+    names, params = zip(*model.named_parameters())
+    finite = torch.stack([torch.isfinite(p).all() for p in params]).cpu().numpy()  # (P,)
+    return None if finite.all() else names[int(np.argmin(finite))]
 
 
 def lr_factor(step: int, total: int, warmup_steps: int, schedule: str) -> float:
@@ -211,8 +220,8 @@ class Trainer:
 
     def train_epoch(self) -> dict[str, float]:
         """One pass over the training split, then validation; updates early stopping. Raises `Diverged` when a
-        step's loss was non-finite (checked once, at the end of the epoch: a NaN or inf in any step makes the sum
-        non-finite, and checking every step would stall the GPU once per batch)."""
+        step's loss or a parameter was non-finite (checked once, at the end of the epoch: a NaN or inf in any step
+        makes the sum non-finite, and checking every step would stall the GPU once per batch)."""
         start = epoch_start(self.device)
         # float64 on the device: the same sum, rounding for rounding, as adding the float32 losses in Python
         loss_sum, n_seen = torch.zeros((), dtype=torch.float64, device=self.device), 0
@@ -223,11 +232,15 @@ class Trainer:
 
     def end_epoch(self, train_loss: float, seconds: float) -> dict[str, float]:
         """Close epoch `self.epoch` after its steps, which took `seconds` (from `epoch_start`, the device done):
-        raise `Diverged` on a non-finite mean training loss, else count the epoch and its training seconds,
-        validate, update early stopping and the best state. Returns the epoch's metrics, its costs among them."""
+        raise `Diverged` on a non-finite mean training loss or parameter, else count the epoch and its training
+        seconds, validate, update early stopping and the best state. Returns the epoch's metrics, its costs among
+        them."""
         cfg = self.train_cfg
         if not math.isfinite(train_loss):
             raise Diverged(f"non-finite training loss ({train_loss}) in epoch {self.epoch + 1}")
+        bad = nonfinite_parameter(self.model)  # e.g. the last step's update: no loss of this epoch saw it
+        if bad is not None:
+            raise Diverged(f"non-finite parameter {bad} after epoch {self.epoch + 1}")
         self.train_time_s += seconds
         self.epoch += 1
 
