@@ -1,6 +1,8 @@
 """Study B's tables (student attention): the long frame of student runs (one row per run and initialisation),
-per-initialisation summaries, per-seed Δε = ε(positional) − ε(semantic) and their summary, the estimated
-crossing α_c beside the published one, and the published α_c(ω), α_l(ω) curves. With `with_theory` and
+per-initialisation summaries, per-seed Δε = ε(positional) − ε(semantic) and their summary with each point called
+semantic, positional or undecided from its seeds (mean vs 2 standard errors), the estimated crossing α_c with every
+sign change and an interval from resampling seeds beside the published one, and the published α_c(ω), α_l(ω)
+curves. With `with_theory` and
 `theory_alpha_c`, the d → ∞ prediction (pefusion.student.theory, cached on disk) stands beside each simulated
 point: ε_g, ε_t (= −Φ), m and θ of the same branch, σ, λ, ω and α, and α_c(ω) beside the estimated crossing.
 
