@@ -10,6 +10,10 @@
 2. one 5 000-iteration full-batch GD fit at d = 1000, α = 2 (semantic init, λ = 0.01): `fit_students` vs the
    authors' way, an (n, L, d) einsum model with autograd, torch.optim.SGD and a DataLoader producing the full
    batch every step; both final Q are compared (same result up to float32 summation order);
+4. (`--only authors`, minutes at d = 1000) our fits beside the authors' released d = 1 000 simulations (their
+   results_{mean,std}_standardA.csv: σ 0.5, λ 0.01, 24 runs per point; "semantic" is their informed start) at
+   α 1.005 and 2, ω 0.2 and 0.3: our seed means of ε_g, m and θ per start beside theirs, each difference in
+   units of their standard error sd/√24;
 3. the 30 students of a default λ-CV point (5 λ × (5 folds + the refit)) batched in one program vs one of them
    alone (λ = 1e-4: fold 0's student, and the refit on all n samples), the authors' 5 000 GD steps each; also
    with every replica kept for every step (no exit at a fixed point, see `fit_students`).
@@ -203,6 +207,53 @@ def bench_batched(d: int, alpha: float, iters: int) -> None:
                   "all_steps_*: no replica leaves the batch at a fixed point"})
 
 
+# --------------------------------------------------------------------------------------------------------------
+# 4. Against the authors' d = 1 000 simulations
+# --------------------------------------------------------------------------------------------------------------
+
+# (ω, α, start) -> {quantity: (mean, sd)} over their 24 runs: SPOC-group/positional-and-semantic-attention,
+# empirics/results_mean_standardA.csv and results_std_standardA.csv (σ 0.5, λ 0.01, d = 1000, teacher A default).
+AUTHORS_D1000: dict[tuple[float, float, str], dict[str, tuple[float, float]]] = {
+    (0.2, 1.005, "semantic"): {"eps_g": (0.002733, 0.000176), "m": (0.0123, 0.0101), "theta": (0.4276, 0.0348)},
+    (0.2, 1.005, "positional"): {"eps_g": (0.003869, 0.000307), "m": (0.2372, 0.0066), "theta": (0.0259, 0.0225)},
+    (0.2, 2.0, "semantic"): {"eps_g": (0.001283, 0.000066), "m": (0.0053, 0.0032), "theta": (0.6772, 0.0364)},
+    (0.2, 2.0, "positional"): {"eps_g": (0.004083, 0.000248), "m": (0.2396, 0.0061), "theta": (0.0331, 0.0287)},
+    (0.3, 1.005, "semantic"): {"eps_g": (0.002717, 0.000100), "m": (0.0151, 0.0096), "theta": (0.4008, 0.0358)},
+    (0.3, 1.005, "positional"): {"eps_g": (0.003277, 0.000220), "m": (0.2521, 0.0067), "theta": (0.0186, 0.0158)},
+    (0.3, 2.0, "semantic"): {"eps_g": (0.001443, 0.000074), "m": (0.0065, 0.0039), "theta": (0.6340, 0.0260)},
+    (0.3, 2.0, "positional"): {"eps_g": (0.003492, 0.000276), "m": (0.2618, 0.0071), "theta": (0.0325, 0.0231)},
+}
+AUTHORS_RUNS = 24
+
+
+def bench_authors(d: int, seeds: int, iters: int | None, n_test: int) -> None:
+    """One JSON line per (ω, α, start) of AUTHORS_D1000: our seed means (and SEs) of ε_g, m, θ from
+    `run_phase_point` (both starts fitted together on each seed's data) beside theirs, the differences in units
+    of their standard error sd/√24 (`*_z`), and where each of our fits ended (`reached`)."""
+    from pefusion.student.cv import run_phase_point
+
+    points = sorted({(omega, alpha) for omega, alpha, _ in AUTHORS_D1000})
+    for omega, alpha in points:
+        runs, wall, cpu = [], 0.0, 0.0
+        for seed in range(seeds):
+            run, w, c = timed(lambda: run_phase_point(alpha=alpha, omega=omega, sigma=0.5, lam=0.01, seed=seed, d=d,
+                                                      n_test=n_test, **({} if iters is None else {"iters": iters})))
+            runs.append(run)
+            wall, cpu = wall + w, cpu + c
+        for start in ("semantic", "positional"):
+            theirs = AUTHORS_D1000[(omega, alpha, start)]
+            record = {"bench": "student_vs_authors_d1000", "omega": omega, "alpha": alpha, "start": start, "d": d,
+                      "seeds": seeds, "iters": runs[0]["iters"], "n_test": n_test,
+                      "reached": [r[f"reached_{start}"] for r in runs]}
+            for quantity, (mean, sd) in theirs.items():
+                ours = torch.tensor([r[f"{quantity}_{start}"] for r in runs], dtype=torch.float64)
+                se = float(ours.std() / math.sqrt(seeds)) if seeds > 1 else math.nan
+                record |= {f"{quantity}_ours": float(ours.mean()), f"{quantity}_ours_se": se,
+                           f"{quantity}_theirs": mean, f"{quantity}_theirs_sd": sd,
+                           f"{quantity}_z": (float(ours.mean()) - mean) / (sd / math.sqrt(AUTHORS_RUNS))}
+            emit(record | {"wall_s_both_starts": wall, "cpu_s_both_starts": cpu})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--d", type=int, default=1000)
@@ -213,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--naive-iters", type=int, default=5000,
                     help="iterations of the naive fit actually run (fewer: its time is extrapolated)")
     ap.add_argument("--batch-iters", type=int, default=5000, help="iterations of the batched-vs-one benchmark")
-    ap.add_argument("--only", choices=("teacher", "fit", "batched"), default=None)
+    ap.add_argument("--only", choices=("teacher", "fit", "batched", "authors"), default=None,
+                    help="one measurement (authors: only when named, minutes at d = 1000)")
+    ap.add_argument("--authors-seeds", type=int, default=4, help="data seeds per point of the authors' comparison")
+    ap.add_argument("--authors-n-test", type=int, default=20_000, help="fresh test samples per point there")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.only in (None, "teacher"):
@@ -222,4 +276,6 @@ def main(argv: list[str] | None = None) -> int:
         bench_fit(args.d, args.alpha, args.iters, args.naive_iters)
     if args.only in (None, "batched"):
         bench_batched(args.d, args.alpha, args.batch_iters)
+    if args.only == "authors":
+        bench_authors(args.d, args.authors_seeds, None if args.iters == 5000 else args.iters, args.authors_n_test)
     return 0

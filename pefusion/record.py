@@ -168,6 +168,7 @@ LAMBDA_STAR = "lam_star"
 N_TRAIN = "n"  # training samples of a point, α·d
 SECONDS = "seconds"  # wall time of one student point (data, fits, test)
 GLOBAL_MIN = "global_min"  # phase diagram: the initialisation with the lower training loss
+REACHED = "reached"  # phase diagram: reached_<init>, the solution that fit ended in, named from its m and θ
 CV_CURVE = "cv_curve"  # λ-CV: [{lam, cv_error_mean, cv_error_std}, ...], saved as CV_CURVE_ARTIFACT
 CV_ERROR_MEAN = "cv_error_mean"  # mean over folds of the validation error per held-out sample
 CV_ERROR_STD = "cv_error_std"  # its standard deviation across folds (ddof = 1)

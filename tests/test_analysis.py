@@ -6,6 +6,7 @@ import csv
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -369,7 +370,7 @@ def test_student_frame_and_deltas(store):
     cv_summary = summary[summary.source == ST.SOURCE_CV].set_index(R.ALPHA)
     assert cv_summary.loc[1.6, "n_pairs"] == 1 and cv_summary.loc[0.8, "lower_train_loss"] == "positional"
     assert cv_summary.loc[1.2, "lower_train_loss"] == "semantic"
-    crossing = ST.crossing_alphas(summary, ALPHA_C)
+    crossing = ST.crossing_alphas(deltas, ALPHA_C)
     row = crossing[crossing.source == ST.SOURCE_CV].iloc[0]
     # mean Δε_t: 0.1 (α − 1) + 0.0005 at α = 0.8 and 1.2 → crossing at 0.8 + 0.4 · 0.0195 / 0.04
     assert row.alpha_c_estimate == pytest.approx(0.8 + 0.4 * 0.0195 / 0.04) and row.alpha_c_published == 1.241
@@ -377,6 +378,9 @@ def test_student_frame_and_deltas(store):
     assert len(phase) == len(ALPHAS_PHASE) * len(OMEGAS_PHASE)
     for row in phase.itertuples():
         assert row.lower_train_loss == ("semantic" if row.alpha > ALPHA_C[row.omega] else "positional")
+    # each fit named by where it ended (θ > m: semantic): the positional phase fits (m 0.9, θ 0.2) stayed
+    ok = student[student[R.STATUS] == R.STATUS_OK]
+    assert (ok[R.REACHED] == ok[R.INIT]).all() and (student.loc[student[R.M].isna(), R.REACHED] == "unknown").all()
     lam = ST.student_summary(student)
     lam = lam[(lam.source == ST.SOURCE_CV) & (lam[R.INIT] == "semantic")].set_index(R.ALPHA)
     assert lam.loc[0.4, "lam_star_mean"] == pytest.approx(0.014) and lam.loc[0.4, "n_seeds"] == 2
@@ -531,6 +535,47 @@ def test_length_bucket_table_in_table1_order_with_token_ranges(trials):
                                    "513–1024 tokens, test accuracy (%)", "> 1024 tokens, test accuracy (%)"]
 
 
+def _gaps(per_seed: dict[float, list[float]], omega: float = 0.2) -> pd.DataFrame:
+    """A student_deltas frame of made-up per-seed Δε_t: {α: [seed 0's gap, seed 1's, ...]}."""
+    return pd.DataFrame([{"source": ST.SOURCE_PHASE, R.ALPHA: a, R.OMEGA: omega, R.SIGMA: 0.5, R.D: 1000.0,
+                          ST.LAM_FIXED: 0.01, R.SEED: s, "delta_eps_t": g, "delta_eps_g": 0.0}
+                         for a, gaps in per_seed.items() for s, g in enumerate(gaps)])
+
+
+def test_points_called_from_their_seeds_and_every_crossing_listed():
+    per_seed = {0.8: [-4.0, -3.0, -2.0], 1.0: [-2.0, 0.5, 3.0], 1.2: [1.0, 2.0, 3.0], 1.4: [-5.0, -6.0, -7.0],
+                1.6: [2.0, 2.0, 2.0 + 1e-6]}
+    summary = ST.student_delta_summary(_gaps(per_seed)).set_index(R.ALPHA)
+    # mean / SE: -3/0.58 at 0.8, 0.5/1.44 at 1.0 (within 2 SE), 2/0.58 at 1.2, -6/0.58 at 1.4, 2/3e-7 at 1.6
+    assert summary["delta_eps_t_se"].to_dict() == pytest.approx(
+        {a: statistics.stdev(g) / len(g) ** 0.5 for a, g in per_seed.items()}, rel=1e-6)
+    assert summary[ST.CALL].to_dict() == {0.8: "positional", 1.0: "undecided", 1.2: "semantic", 1.4: "positional",
+                                          1.6: "semantic"}
+    # a mean within 2 SE but with the same sign stays undecided; one seed is never decided
+    edge = ST.student_delta_summary(_gaps({1.0: [0.5, 1.0, 4.0], 2.0: [5.0]})).set_index(R.ALPHA)
+    assert edge.loc[1.0, "delta_eps_t_mean"] == pytest.approx(5.5 / 3) and edge.loc[1.0, ST.CALL] == "undecided"
+    assert edge.loc[2.0, ST.CALL] == "undecided"
+    row = ST.crossing_alphas(_gaps(per_seed), {0.2: 0.928}, draws=200).iloc[0]
+    # the means -3, 0.5, 2, -6, 2: − → + at 0.8 + 0.2·3/3.5, + → − at 1.2 + 0.2·2/8, − → + at 1.4 + 0.2·6/8
+    first, second, third = 0.8 + 0.2 * 3 / 3.5, 1.2 + 0.2 * 2 / 8, 1.4 + 0.2 * 6 / 8
+    assert row.sign_changes == f"{first:.3f}(−+);{second:.3f}(+−);{third:.3f}(−+)" and row.n_sign_changes == 3
+    assert row.alpha_c_estimate == pytest.approx(first) and row.alpha_c_published == 0.928
+    assert row.n_call_changes == 3  # positional, [undecided], semantic, positional, semantic
+
+
+def test_bootstrap_interval_over_seeds_covers_a_planted_crossing():
+    rng = np.random.default_rng(7)
+    alphas = np.round(np.arange(0.5, 1.55, 0.1), 2)
+    offsets = rng.normal(0, 0.02, 12)  # per seed: one teacher and data set shift the whole curve
+    per_seed = {a: list(0.1 * (a - 0.93) + offsets + rng.normal(0, 0.004, 12)) for a in alphas}
+    row = ST.crossing_alphas(_gaps(per_seed), draws=1000).iloc[0]
+    assert row.alpha_c_low < 0.93 < row.alpha_c_high and row.alpha_c_high - row.alpha_c_low < 0.4
+    assert row.n_seeds == 12 and row.bootstrap_crossed > 0.9 and row.n_sign_changes == 1
+    # the interval is from the seeds, not the α grid: a single seed gives none
+    one = ST.crossing_alphas(_gaps({a: g[:1] for a, g in per_seed.items()})).iloc[0]
+    assert np.isnan(one.alpha_c_low) and np.isnan(one.alpha_c_high)
+
+
 def test_lambda_cv_phase_figure_labels_lambda_star_and_a_small_d_says_it_cannot_place_the_transition(store):
     from pefusion.analysis import figures as F
 
@@ -544,5 +589,8 @@ def test_lambda_cv_phase_figure_labels_lambda_star_and_a_small_d_says_it_cannot_
     assert fig._supxlabel is not None and fig._supxlabel.get_text().startswith(
         f"d = 100 (n = α·d = {min(ALPHAS_CV) * 100:.0f}–{max(ALPHAS_CV) * 100:.0f} samples), below the paper's "
         f"d = 1000: too small to place the transition")
-    at_paper_d = F.phase_diagram_figure(summary.assign(**{R.D: 1000.0}), ALPHA_C, ALPHA_L)
+    decided = summary[summary.n_pairs == 2].assign(**{R.D: 1000.0})  # α 1.6 has one seed: undecided
+    at_paper_d = F.phase_diagram_figure(decided, ALPHA_C, ALPHA_L)
     assert at_paper_d._supxlabel is None and not at_paper_d.axes[0].texts  # no λ* without the student frame
+    one_seed = F.phase_diagram_figure(summary.assign(**{R.D: 1000.0}), ALPHA_C, ALPHA_L)
+    assert one_seed._supxlabel.get_text().startswith("1 seed(s) leave 1 point(s) more than 0.1 from α_c undecided")

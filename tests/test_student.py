@@ -265,6 +265,16 @@ def test_semantic_and_positional_inits_give_different_solutions(reduced_report):
         assert res[f"{R.M}_positional"] > 0.2 and res[f"{R.THETA}_positional"] < 0.2
         assert res[f"{R.EPS_G}_positional"] > 1.5 * res[f"{R.EPS_G}_semantic"]
         assert res[R.GLOBAL_MIN] == "semantic"
+        # each fit named by where it ended: here both stayed where they started
+        assert (res[f"{R.REACHED}_semantic"], res[f"{R.REACHED}_positional"]) == ("semantic", "positional")
+
+
+def test_a_fit_is_named_by_the_solution_it_reached_not_its_start():
+    # the authors' d = 1000 means: a semantic solution (m 0.0123, θ 0.4276), a positional one (0.2372, 0.0259);
+    # a semantic start that escaped to the positional solution has the positional overlaps and is named so
+    assert C.solution_reached(0.0123, 0.4276) == "semantic" and C.solution_reached(0.2372, 0.0259) == "positional"
+    assert list(C.solution_reached([0.0053, 0.2396, math.nan], [0.6772, 0.0331, 0.1])) == [
+        "semantic", "positional", "unknown"]
 
 
 def test_linear_baseline_reaches_the_least_squares_optimum():

@@ -579,3 +579,37 @@ def test_at_six_alphas_doubling_the_nodes_and_an_independent_fixed_point_move_ep
         assert row["eps_g"] == pytest.approx(independent, rel=1e-2)
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ω = 0.2: the positional branch past α ≈ 1.6 (docs/theory.md#the-positional-branch-at-omega-0-2)
+# ---------------------------------------------------------------------------------------------------------
+
+OMEGA_02_ALPHAS = (1.75, 2.0)
+
+
+@pytest.mark.slow  # ~1 min on a loaded core: the authors' damped iteration at two α
+def test_the_omega_0_2_positional_branch_at_alpha_1_75_and_2():
+    """The theory's answer past the continuation's end (docs/theory.md#the-positional-branch-at-ω-02): the
+    authors' damped iteration x <- 0.8 x + 0.2 F(x) on the tensor Gauss-Hermite rule, each proximal step
+    starting where the last one ended, settles from their positional start at α 1.75 and 2 on a positional
+    fixed point (θ = 0, m ≈ 0.2375), the d = 1000 fits' m (0.2396 at α 2); with every proximal step from (0, 0),
+    as the solver's map takes it, that state is not a fixed point (m moves to ≈ 0.216): the two proximal minima
+    differ there, which is why the continuation loses the branch."""
+    from pefusion.student.theory.channel import channel, make_params, prior, valid
+    from pefusion.student.theory.continuation import BRANCH_START, approach
+    from pefusion.student.theory.quadrature import Quadrature
+
+    solver = dataclasses.replace(TH.Solver(), continuation=dataclasses.replace(
+        TH.Solver().continuation, approach_tol=1e-9, approach_iters=1000))
+    n = len(OMEGA_02_ALPHAS)
+    p = make_params(list(OMEGA_02_ALPHAS), [SIGMA] * n, [LAM] * n, [0.2] * n, ["default"] * n)
+    start = torch.tensor([BRANCH_START["positional"]] * n, dtype=torch.float64).T
+    state, spent = approach(start, p, solver)
+    assert bool(valid(state, p).all()) and bool((spent < 1000).all()), spent  # settled, inside the domain
+    assert state[2].abs().max() < 1e-9  # θ: on the positional branch
+    assert state[1].tolist() == pytest.approx([0.2375] * n, abs=0.002)
+    assert state[1].tolist() == pytest.approx([0.2396] * n, rel=0.03)  # the authors' d = 1000 m at α = 2
+    cold = prior(channel(state, p, Quadrature.gauss_hermite(solver.nodes, solver.quadrature),
+                         settings=solver.proximal), p)
+    assert cold[1].tolist() == pytest.approx([0.216] * n, abs=0.005)

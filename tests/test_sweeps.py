@@ -520,6 +520,33 @@ def test_phase_diagram_rejects_an_init_axis_and_bad_points(in_tmp):
         cv.main(["--smoke", "--omegas", "1.5"])
 
 
+# The d → ∞ theory's α_c at σ 0.5, λ 0.01 (docs/theory.md; the published table says 0.928 and 1.241).
+THEORY_ALPHA_C = {0.2: 0.947, 0.3: 1.252}
+
+
+@pytest.mark.slow
+def test_phase_diagram_demo_shows_one_transition_near_the_theory(local_ray, in_tmp):
+    """The README's `sweeps/phase_diagram.py --preset demo` (minutes on 2 cores): along α at each ω the points
+    called from the seeds change between positional and semantic at most once, and the seed-mean training-loss
+    gap crosses within 0.2 of the theory's α_c (the d = 200, 1 500-step demo crossed at 0.70 for ω 0.2)."""
+    from pefusion.analysis import student_tables as ST
+
+    assert load_script("sweeps/phase_diagram.py").main(["--preset", "demo", "--name", "demo",
+                                                        "--no-dashboard"]) == 0
+    rows = pd.read_csv(in_tmp / "results" / "demo_results.csv")
+    assert set(rows[R.STATUS]) == {R.STATUS_OK} and rows[R.SEED].nunique() >= 2
+    deltas = pd.DataFrame({"source": ST.SOURCE_PHASE, R.ALPHA: rows[R.ALPHA], R.OMEGA: rows[R.OMEGA],
+                           R.SIGMA: rows[R.SIGMA], R.D: rows[R.D], ST.LAM_FIXED: rows[R.LAMBDA],
+                           R.SEED: rows[R.SEED], "delta_eps_g": 0.0,
+                           "delta_eps_t": rows["eps_t_positional"] - rows["eps_t_semantic"]})
+    crossing = ST.crossing_alphas(deltas, draws=200).set_index(R.OMEGA)
+    for omega, row in crossing.iterrows():
+        assert row.n_call_changes <= 1, (omega, row.sign_changes)
+        if omega in THEORY_ALPHA_C:
+            assert abs(row.alpha_c_estimate - THEORY_ALPHA_C[omega]) < 0.2, (omega, row.alpha_c_estimate)
+    assert set(THEORY_ALPHA_C) & set(crossing.index)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The README's commands with their defaults: --preset demo's search spaces, lr_batch_asha's random search and
 # FIFO scheduler, Optuna's sampler seed

@@ -202,19 +202,63 @@ def _alpha_lines(ax, omega_colors: Mapping[float, tuple], alpha_c: Curve | None,
 _PAPER = ST.published_setting()
 
 
-def _size_warning(fig: Figure, frame: pd.DataFrame) -> None:
-    """A line under a figure whose points were fitted at a smaller d than the paper's: at that size the
-    sign of Δε_t near the crossing is noise (it can alternate along α), so the figure cannot place the
-    transition; it says so, with d and the training samples n = α·d."""
+# A map decides a point this far from α_c: points farther than this that stay undecided mean too few seeds.
+DECIDE_WITHIN = 0.1
+
+
+def _size_warning(fig: Figure, frame: pd.DataFrame, alpha_c: Curve | None = None,
+                  theory: pd.DataFrame | None = None) -> None:
+    """A line under a phase map that cannot place the transition: decided on too few seeds — a point more than
+    DECIDE_WITHIN from α_c (the theory's at the map's σ and λ, else the published) left undecided, or the calls
+    changing between semantic and positional more than once along α at some ω — or, below the paper's d, those
+    or a seed-mean crossing more than 2·DECIDE_WITHIN from α_c (or none): at small d the semantic start keeps
+    over-fitted minima that shift the crossing. It names which, with d and n = α·d."""
+    far, flips, shifted = [], [], []
+    for omega, grp in frame.groupby(R.OMEGA):
+        grp = grp.sort_values(R.ALPHA)
+        ref = _alpha_c_reference(omega, grp, alpha_c, theory)
+        if ST.CALL in grp and not math.isnan(ref):
+            far += [f"α {a:g}, ω {omega:g}" for a in grp.loc[grp[ST.CALL] == ST.UNDECIDED, R.ALPHA]
+                    if abs(a - ref) > DECIDE_WITHIN]
+        if ST.CALL in grp:
+            calls = [c for c in grp[ST.CALL] if c != ST.UNDECIDED]
+            if sum(c1 != c2 for c1, c2 in zip(calls, calls[1:])) > 1:
+                flips.append(f"{omega:g}")
+        alphas = grp[R.ALPHA].to_numpy(float)
+        if not math.isnan(ref) and alphas.min() < ref < alphas.max():
+            found = ST.alpha_c_of(alphas, grp["delta_eps_t_mean"].to_numpy(float))
+            if math.isnan(found) or abs(found - ref) > 2 * DECIDE_WITHIN:
+                shifted.append(f"{omega:g}")
+    reasons = []
     ds = frame[R.D].dropna() if R.D in frame else pd.Series(dtype=float)
-    if ds.empty or ds.max() >= _PAPER[R.D]:
-        return
-    d = int(ds.max())
-    alphas = frame[R.ALPHA].dropna()
-    samples = f"n = α·d = {alphas.min() * d:.0f}–{alphas.max() * d:.0f} samples" if len(alphas) else ""
-    fig.supxlabel(f"d = {d} ({samples}), below the paper's d = {_PAPER[R.D]}: too small to place the "
-                  f"transition\n(finite-size noise can flip the sign of Δε_t near α_c)", fontsize=7,
-                  color="tab:red")  # a figure-level label: constrained layout makes room for it
+    if len(ds) and ds.max() < _PAPER[R.D] and (far or flips or shifted):
+        d = int(ds.max())
+        alphas = frame[R.ALPHA].dropna()
+        samples = f"n = α·d = {alphas.min() * d:.0f}–{alphas.max() * d:.0f} samples" if len(alphas) else ""
+        reasons.append(f"d = {d} ({samples}), below the paper's d = {_PAPER[R.D]}: too small to place the "
+                       f"transition\n(finite-size noise can flip the sign of Δε_t near α_c)"
+                       + (f"; the seed-mean crossing is more than {2 * DECIDE_WITHIN:g} from α_c at ω = "
+                          f"{', '.join(shifted)}" if shifted else ""))
+    seeds = int(frame["n_pairs"].min()) if "n_pairs" in frame and len(frame) else 0
+    if far:
+        reasons.append(f"{seeds} seed(s) leave {len(far)} point(s) more than {DECIDE_WITHIN:g} from α_c "
+                       f"undecided (|mean Δε_t| < 2 SE; e.g. {far[0]}): more seeds are needed to place it")
+    if flips:
+        reasons.append(f"the calls change sign more than once along α at ω = {', '.join(flips)}: "
+                       f"too few seeds or too small a d to place the transition")
+    if reasons:  # a figure-level label: constrained layout makes room for it
+        fig.supxlabel("\n".join(reasons), fontsize=7, color="tab:red")
+
+
+def _alpha_c_reference(omega: float, grp: pd.DataFrame, alpha_c: Curve | None,
+                       theory: pd.DataFrame | None) -> float:
+    """α_c at ω for a map's slice: the d → ∞ theory's at its σ and λ where given, else the published table."""
+    if theory is not None and ST.LAM_FIXED in grp and grp[ST.LAM_FIXED].notna().any():
+        row = theory[np.isclose(theory[R.OMEGA], omega) & np.isclose(theory[ST.LAM_FIXED], grp[ST.LAM_FIXED].iloc[0])
+                     & np.isclose(theory[R.SIGMA], grp[R.SIGMA].iloc[0])]
+        if len(row) and row[ST.ALPHA_C_THEORY].notna().any():
+            return float(row[ST.ALPHA_C_THEORY].dropna().iloc[0])
+    return ST.interpolate_curve(alpha_c, omega) if alpha_c else math.nan
 
 
 def student_delta_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = None,
@@ -338,14 +382,33 @@ def _lambda_star_labels(ax, grid: pd.DataFrame, student: pd.DataFrame) -> None:
                     bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=0.5))
 
 
+def _escaped(ax, grid: pd.DataFrame, student: pd.DataFrame) -> None:
+    """A cross on each point where some fit ended in the other solution than the one it started from (its
+    overlaps name where it ended: student_tables' `reached`), the number of such fits beside it."""
+    ok = ST.student_ok(student)
+    ok = ok[ok[R.INIT].isin((ST.SEMANTIC, ST.POSITIONAL)) & (ok[R.REACHED] != ok[R.INIT])]
+    label = "a start ended in the other solution (count)"
+    for row in grid.itertuples():
+        here = ok[np.isclose(ok[R.ALPHA], getattr(row, R.ALPHA)) & np.isclose(ok[R.OMEGA], getattr(row, R.OMEGA))
+                  & (ok["source"] == row.source)]
+        if len(here):
+            ax.scatter([getattr(row, R.ALPHA)], [getattr(row, R.OMEGA)], marker="x", c="k", s=40, label=label)
+            ax.annotate(str(len(here)), (getattr(row, R.ALPHA), getattr(row, R.OMEGA)), xytext=(5, -9),
+                        textcoords="offset points", fontsize=6)
+            label = None
+
+
 def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = None,
                          alpha_l: Curve | None = None, theory: pd.DataFrame | None = None,
                          student: pd.DataFrame | None = None) -> Figure:
-    """Sign of the mean Δε_t over (α, ω): which solution reaches the lower training loss, with the published
+    """Each point called from its seeds (student_tables.call_points: semantic, positional or undecided) over
+    (α, ω): which solution reaches the lower training loss, with the published
     α_c(ω) (and α_l(ω)) curves (the paper's d → ∞ values at λ = 0.01) and, given `theory`
     (student_tables.theory_alpha_c), the d → ∞ α_c(ω) at the slice's σ and λ. Uses the (source, σ, d, λ) slice
     with the most grid points. For λ-CV points, given the long `student` frame, each point is labelled with the
-    λ* of its semantic and positional fits. Below the paper's d the figure says it cannot place the transition."""
+    λ* of its semantic and positional fits, and a cross marks a point where a fit ended in the other solution.
+    Below the paper's d, or where too few seeds decide the points, the figure says it cannot place the
+    transition (`_size_warning`)."""
     keys = ["source", R.SIGMA, R.D, ST.LAM_FIXED]
     sizes = delta_summary.groupby(keys, dropna=False).size()
     chosen = sizes.idxmax()
@@ -354,11 +417,14 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
     grid = delta_summary[mask]
     fig, axes = new_figure(size=(6.4, 4.6))
     ax = axes[0, 0]
-    for side, color, text in ((ST.SEMANTIC, "tab:blue", "semantic lower (Δε_t > 0)"),
-                              (ST.POSITIONAL, "tab:red", "positional lower (Δε_t < 0)"), ("tie", "0.6", "tie")):
-        pts = grid[grid["lower_train_loss"] == side]
+    for side, color, text in ((ST.SEMANTIC, "tab:blue", "semantic lower (mean Δε_t > 2 SE)"),
+                              (ST.POSITIONAL, "tab:red", "positional lower (mean Δε_t < −2 SE)"),
+                              (ST.UNDECIDED, "0.6", "undecided (|mean Δε_t| < 2 SE)")):
+        pts = grid[grid[ST.CALL] == side]
         if len(pts):
             ax.scatter(pts[R.ALPHA], pts[R.OMEGA], c=color, marker="s", s=60, label=text)
+    if student is not None:
+        _escaped(ax, grid, student)
     lam = f"λ = {_PAPER[R.LAMBDA]:g}"
     for curve, style, name in ((alpha_c, "k-", f"α_c(ω), paper: d → ∞, {lam}"),
                                (alpha_l, "k:", f"α_l(ω), paper: d → ∞, {lam}")):
@@ -384,7 +450,7 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
         ax.margins(y=0.35)  # room for the vertical labels
     ax.set_title(f"phase diagram: sign of Δε_t ({context})", fontsize=9)
     ax.legend(fontsize=7, loc="best")
-    _size_warning(fig, grid)
+    _size_warning(fig, grid, alpha_c, theory)
     return fig
 
 

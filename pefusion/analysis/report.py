@@ -143,7 +143,7 @@ def _student_tables(student: pd.DataFrame, alpha_c_theory: pd.DataFrame | None, 
     delta_summary = ST.student_delta_summary(deltas)
     tables = {"student_runs": student, "student_summary": ST.student_summary(student), "student_deltas": deltas,
               "student_delta_summary": delta_summary,
-              "student_alpha_c": ST.crossing_alphas(delta_summary, alpha_c, alpha_c_theory)}
+              "student_alpha_c": ST.crossing_alphas(deltas, alpha_c, alpha_c_theory)}
     return [FM.write_csv(frame, out / f"{name}.csv") for name, frame in tables.items()] + theory_files(out)
 
 
@@ -288,7 +288,8 @@ def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None, al
         say(f"report: the d → ∞ theory ready in {time.perf_counter() - started:.0f} s")
     written = _student_tables(student, alpha_c_theory, out, alpha_c)
     figures = F.student_figures(student, out / "figures", alpha_c, alpha_l, alpha_c_theory)
-    delta_summary = ST.student_delta_summary(ST.student_deltas(student))
+    deltas = ST.student_deltas(student)
+    delta_summary = ST.student_delta_summary(deltas)
     published = "" if alpha_c else " (published α_c(ω) unavailable: pefusion.student has no ALPHA_C_PUBLISHED)"
     beside = "" if theory is None else (
         f"<p class='muted'>Columns marked d → ∞ theory are the prediction "
@@ -306,10 +307,15 @@ def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None, al
     parts = [
         "<h2>Positional vs semantic solutions</h2>", beside,
         _table_html(FM.display(delta_summary, drop=tuple(FM.constant_columns(delta_summary, slice_keys)[0])),
-                    "Δε = ε(positional) − ε(semantic), mean ± sample SD over seeds: Δε_t > 0 means the semantic "
-                    f"solution reaches the lower training loss.{where}"),
+                    "Δε = ε(positional) − ε(semantic), mean ± sample SD over seeds (SE = SD/√n): Δε_t > 0 means the "
+                    "semantic solution reaches the lower training loss; a point is called semantic or positional "
+                    f"where the mean is at least 2 SE from 0, undecided otherwise.{where}"),
         f"<h3>Estimated α_c beside the published one{html.escape(published)}</h3>",
-        _table_html(FM.display(ST.crossing_alphas(delta_summary, alpha_c, alpha_c_theory))),
+        _table_html(FM.display(ST.crossing_alphas(deltas, alpha_c, alpha_c_theory)),
+                    "α_c: the first − → + sign change of the seed-mean Δε_t, linear between grid points, with its "
+                    "95 % interval from resampling seeds; sign_changes lists every change of the mean's sign; "
+                    "n_call_changes counts changes between points called semantic or positional (≥ 2 SE from "
+                    "0), undecided points skipped."),
         "<h3>Per initialisation</h3>",
         _table_html(FM.display(summary[simulated], drop=tuple(same)),
                     f"Simulations: mean ± sample SD over seeds.{where}"),

@@ -1,6 +1,8 @@
 """Study B's tables (student attention): the long frame of student runs (one row per run and initialisation),
-per-initialisation summaries, per-seed Δε = ε(positional) − ε(semantic) and their summary, the estimated
-crossing α_c beside the published one, and the published α_c(ω), α_l(ω) curves. With `with_theory` and
+per-initialisation summaries, per-seed Δε = ε(positional) − ε(semantic) and their summary with each point called
+semantic, positional or undecided from its seeds (mean vs 2 standard errors), the estimated crossing α_c with every
+sign change and an interval from resampling seeds beside the published one, and the published α_c(ω), α_l(ω)
+curves. With `with_theory` and
 `theory_alpha_c`, the d → ∞ prediction (pefusion.student.theory, cached on disk) stands beside each simulated
 point: ε_g, ε_t (= −Φ), m and θ of the same branch, σ, λ, ω and α, and α_c(ω) beside the estimated crossing.
 
@@ -22,6 +24,7 @@ from pefusion import record as R
 from pefusion.analysis.runs import (RUN_ID, START_TIME, SWEEP, AnalysisError, column, latest_ok,
                                     require_metrics, student_runs)
 from pefusion.student import theory as TH
+from pefusion.student.config import solution_reached
 
 # Student initialisations compared by the Δ quantities (Δε = ε(positional) − ε(semantic), the paper's Fig. 2).
 SEMANTIC, POSITIONAL = "semantic", "positional"
@@ -29,8 +32,8 @@ STUDENT_KEYS = (R.ALPHA, R.OMEGA, R.SIGMA, R.SEED, R.D)
 STUDENT_METRICS = (R.EPS_G, R.EPS_T, R.M, R.THETA)
 LAM_FIXED = "lam_fixed"  # the λ of a phase-diagram run; NaN for λ-CV runs, whose λ* is chosen per init
 TEACHER_A = "teacher_A"  # the teacher's positional matrix (a point's param; 'default' when not recorded)
-STUDENT_COLUMNS = (RUN_ID, START_TIME, "source", R.STATUS, R.ERROR, *STUDENT_KEYS, R.INIT, TEACHER_A, LAM_FIXED,
-                   *STUDENT_METRICS, R.EPS_LIN, R.LAMBDA_STAR)
+STUDENT_COLUMNS = (RUN_ID, START_TIME, "source", R.STATUS, R.ERROR, *STUDENT_KEYS, R.INIT, R.REACHED, TEACHER_A,
+                   LAM_FIXED, *STUDENT_METRICS, R.EPS_LIN, R.LAMBDA_STAR)
 # The d → ∞ prediction beside a simulated metric: <metric>_theory (θ in the simulations' units, |Q*ᵀQ|/d).
 THEORY_SUFFIX = "_theory"
 THEORY_METRICS = tuple(f"{m}{THEORY_SUFFIX}" for m in STUDENT_METRICS)
@@ -53,7 +56,9 @@ def published_setting() -> dict[str, float]:
 
 
 def student_frame(trials: pd.DataFrame) -> pd.DataFrame:
-    """All student runs as one long frame, one row per (run, initialisation), columns STUDENT_COLUMNS.
+    """All student runs as one long frame, one row per (run, initialisation), columns STUDENT_COLUMNS; `reached`
+    names the solution each fit ended in from its m and θ (pefusion.student.config.solution_reached), beside the
+    initialisation it started from.
 
     λ-CV runs (param `init`) give one row, their λ* in lam_star; phase-diagram runs (metrics `<metric>_semantic`
     and `<metric>_positional`, or tag pefusion.sweep=phase_diagram) give two rows at their fixed λ (`lam` param)
@@ -90,6 +95,8 @@ def student_frame(trials: pd.DataFrame) -> pd.DataFrame:
     frame = pd.concat([p for p in parts if len(p)], ignore_index=True)
     frame = frame.assign(**{c: frame[c].astype(float) for c in (R.ALPHA, R.OMEGA, R.SIGMA, R.D, LAM_FIXED,
                                                                  *STUDENT_METRICS, R.EPS_LIN, R.LAMBDA_STAR)})
+    # where each fit ended, from its overlaps (a start that escaped to the other solution says so)
+    frame[R.REACHED] = solution_reached(frame[R.M].to_numpy(), frame[R.THETA].to_numpy())
     return frame[list(STUDENT_COLUMNS)]
 
 
@@ -135,11 +142,27 @@ def student_deltas(student: pd.DataFrame) -> pd.DataFrame:
 DELTA_GROUP = ["source", R.ALPHA, R.OMEGA, R.SIGMA, R.D, LAM_FIXED]
 
 
+UNDECIDED = "undecided"
+CALL = "call"  # semantic, positional or undecided: the point called from its seeds
+CALL_SE = 2.0  # a point is called only where |mean Δε_t| ≥ CALL_SE standard errors
+
+
+def call_points(mean: np.ndarray, se: np.ndarray) -> np.ndarray:
+    """Each point called from its seeds: 'semantic' where the seed-mean Δε_t > CALL_SE·SE (the semantic solution
+    has the lower training loss), 'positional' where it is < −CALL_SE·SE, 'undecided' otherwise — also where the
+    SE is unknown (one seed): one fit pair cannot tell the global minimum from seed noise near α_c."""
+    mean, se = np.asarray(mean, dtype=float), np.asarray(se, dtype=float)
+    decided = np.abs(mean) >= CALL_SE * se  # False where se is NaN
+    return np.where(decided & (mean > 0), SEMANTIC, np.where(decided & (mean < 0), POSITIONAL, UNDECIDED))
+
+
 def student_delta_summary(deltas: pd.DataFrame) -> pd.DataFrame:
-    """Mean and sample std over seeds of Δε_g and Δε_t per (source, alpha, omega, sigma, d, fixed λ), and which
-    solution has the lower training loss there (Δε_t > 0: semantic; < 0: positional)."""
+    """Mean, sample std and standard error (std/√n) over seeds of Δε_g and Δε_t per (source, alpha, omega,
+    sigma, d, fixed λ); which solution has the lower seed-mean training loss there (lower_train_loss, the sign
+    alone: Δε_t > 0 semantic, < 0 positional) and the point's `call`, that sign where it is at least 2 SE from 0
+    and 'undecided' otherwise (`call_points`)."""
     columns = [*DELTA_GROUP, "n_pairs", "delta_eps_g_mean", "delta_eps_g_std", "delta_eps_t_mean",
-               "delta_eps_t_std", "lower_train_loss"]
+               "delta_eps_t_std", "delta_eps_t_se", "lower_train_loss", CALL]
     if deltas.empty:
         return pd.DataFrame(columns=columns)
     grouped = deltas.groupby(DELTA_GROUP, sort=True, dropna=False)
@@ -152,8 +175,10 @@ def student_delta_summary(deltas: pd.DataFrame) -> pd.DataFrame:
         "delta_eps_t_std": grouped["delta_eps_t"].std(ddof=1),
         **{c: grouped[c].mean() for c in theory},
     }).reset_index()
+    out["delta_eps_t_se"] = out["delta_eps_t_std"] / np.sqrt(out["n_pairs"])
     out["lower_train_loss"] = np.select([out.delta_eps_t_mean > 0, out.delta_eps_t_mean < 0],
                                         [SEMANTIC, POSITIONAL], "tie")
+    out[CALL] = call_points(out["delta_eps_t_mean"], out["delta_eps_t_se"])
     return out[columns + theory]
 
 
@@ -165,25 +190,87 @@ def interpolate_curve(curve: Mapping[float, float], omega: float) -> float:
     return float(np.interp(omega, omegas, [curve[o] for o in omegas]))
 
 
-def crossing_alphas(delta_summary: pd.DataFrame, alpha_c: Mapping[float, float] | None = None,
-                    theory: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Where the mean Δε_t changes sign from − (positional lower) to + (semantic lower) along α, per (source,
-    omega, sigma, d, fixed λ): the estimated α_c, linear between the grid points around the first crossing (NaN
-    if none), beside the published α_c(ω) and, given `theory` (`theory_alpha_c`), the d → ∞ α_c."""
+def sign_changes(alpha: np.ndarray, gap: np.ndarray) -> list[tuple[float, str]]:
+    """Every sign change of a gap along α (sorted α; a zero counts with the side it joins): (α where the line
+    between the two grid points around it crosses 0, '-+' or '+-'), in order of α."""
+    out = []
+    keep = ~np.isnan(gap)
+    a, y = alpha[keep], gap[keep]
+    for i in range(len(a) - 1):
+        if (y[i] < 0 <= y[i + 1]) or (y[i] >= 0 > y[i + 1]):
+            out.append((float(a[i] + (a[i + 1] - a[i]) * (-y[i]) / (y[i + 1] - y[i])), "-+" if y[i] < 0 else "+-"))
+    return out
+
+
+def alpha_c_of(alpha: np.ndarray, gap: np.ndarray) -> float:
+    """The crossing α_c of one gap curve: the first − → + sign change (positional lower below it), NaN if none."""
+    return next((a for a, kind in sign_changes(alpha, gap) if kind == "-+"), math.nan)
+
+
+BOOTSTRAP_DRAWS = 2000
+BOOTSTRAP_LEVEL = 0.95
+
+
+def bootstrap_alpha_c(per_seed: np.ndarray, alpha: np.ndarray, draws: int = BOOTSTRAP_DRAWS,
+                      level: float = BOOTSTRAP_LEVEL, seed: int = 0) -> tuple[float, float, float]:
+    """The interval of α_c from resampling seeds: per_seed (S, A) holds each seed's Δε_t at each α (NaN where a
+    seed has no pair); each draw takes S seeds with replacement, whole rows (one seed's teacher and data serve
+    every α, so the gaps along α are correlated and are resampled together), and finds α_c of its seed-mean
+    curve. Returns (low, high, the fraction of draws with a crossing); the percentile interval at `level` over
+    the draws that cross (NaN where fewer than half do, or with one seed)."""
+    n_seeds = per_seed.shape[0]
+    if n_seeds < 2:
+        return math.nan, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    counts = np.stack([np.bincount(rng.integers(0, n_seeds, n_seeds), minlength=n_seeds) for _ in range(draws)])
+    have = ~np.isnan(per_seed)  # (S, A)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (counts @ np.where(have, per_seed, 0.0)) / (counts @ have)  # (draws, A)
+    found = np.array([alpha_c_of(alpha, m) for m in means])
+    crossed = found[~np.isnan(found)]
+    share = len(crossed) / draws
+    if share < 0.5:
+        return math.nan, math.nan, share
+    low, high = np.quantile(crossed, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high), share
+
+
+CROSSING_COLUMNS = ["n_alpha", "n_seeds", "alpha_c_estimate", "alpha_c_low", "alpha_c_high", "bootstrap_crossed",
+                    "sign_changes", "n_sign_changes", "n_call_changes", "alpha_c_published"]
+
+
+def crossing_alphas(deltas: pd.DataFrame, alpha_c: Mapping[float, float] | None = None,
+                    theory: pd.DataFrame | None = None, draws: int = BOOTSTRAP_DRAWS) -> pd.DataFrame:
+    """Where the seed-mean Δε_t changes sign along α, per (source, omega, sigma, d, fixed λ), from the per-seed
+    pairs of `student_deltas`.
+
+    alpha_c_estimate: the first − → + change (positional lower below it), linear between the grid points around
+    it (NaN if none); alpha_c_low/high: its 95 % interval from resampling seeds (`bootstrap_alpha_c`),
+    bootstrap_crossed the share of draws that cross; sign_changes: EVERY change of the seed-mean's sign, as
+    'α(−+)' or 'α(+−)', ';'-joined, and their number; n_call_changes: how often the points' calls
+    (`call_points`) change between semantic and positional along α, undecided points skipped — more than one
+    means the map cannot place a single transition. Beside: the published α_c(ω) and, given `theory`
+    (`theory_alpha_c`), the d → ∞ α_c."""
     keys = [k for k in DELTA_GROUP if k != R.ALPHA]
     rows = []
-    for group, grp in delta_summary.groupby(keys, sort=True, dropna=False):
-        grp = grp.sort_values(R.ALPHA)
-        a, y = grp[R.ALPHA].to_numpy(float), grp["delta_eps_t_mean"].to_numpy(float)
-        estimate = math.nan
-        for i in range(len(a) - 1):
-            if y[i] < 0 <= y[i + 1]:
-                estimate = a[i] + (a[i + 1] - a[i]) * (-y[i]) / (y[i + 1] - y[i])
-                break
+    for group, grp in deltas.groupby(keys, sort=True, dropna=False):
+        per_seed = grp.pivot_table(index=R.SEED, columns=R.ALPHA, values="delta_eps_t", aggfunc="mean")
+        a = per_seed.columns.to_numpy(float)
+        values = per_seed.to_numpy(float)  # (S, A)
+        mean = per_seed.mean().to_numpy(float)
+        se = (per_seed.std(ddof=1) / np.sqrt(per_seed.count())).to_numpy(float)
+        changes = sign_changes(a, mean)
+        calls = [c for c in call_points(mean, se) if c != UNDECIDED]
+        low, high, share = bootstrap_alpha_c(values, a, draws)
         omega = dict(zip(keys, group))[R.OMEGA]
-        rows.append({**dict(zip(keys, group)), "n_alpha": len(a), "alpha_c_estimate": estimate,
+        rows.append({**dict(zip(keys, group)), "n_alpha": len(a), "n_seeds": len(per_seed),
+                     "alpha_c_estimate": alpha_c_of(a, mean), "alpha_c_low": low, "alpha_c_high": high,
+                     "bootstrap_crossed": share,
+                     "sign_changes": ";".join(f"{x:.3f}({kind[0]}{kind[1]})".replace("-", "−") for x, kind in changes),
+                     "n_sign_changes": len(changes),
+                     "n_call_changes": sum(c1 != c2 for c1, c2 in zip(calls, calls[1:])),
                      "alpha_c_published": interpolate_curve(alpha_c, omega) if alpha_c else math.nan})
-    out = pd.DataFrame(rows, columns=[*keys, "n_alpha", "alpha_c_estimate", "alpha_c_published"])
+    out = pd.DataFrame(rows, columns=[*keys, *CROSSING_COLUMNS])
     if theory is None:
         return out
     return out.merge(theory, on=[R.SIGMA, LAM_FIXED, R.OMEGA], how="left")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from pefusion import record as R
 from pefusion.cli.flags import add_preset_flag, add_search_flags, add_sweep_flags, csv_list, search_plan
 from pefusion.errors import ConfigError
-from pefusion.student.config import CV_KEYS, RULES, STUDENT_PRESETS, StudentPreset, smoke_student
+from pefusion.student.config import CV_KEYS, PHASE_PRESETS, RULES, STUDENT_PRESETS, StudentPreset, smoke_student
 from pefusion.sweep.console import counted
 from pefusion.sweep.options import SweepOptions
 from pefusion.sweep.search import Objective, check
@@ -25,9 +25,15 @@ NARROWING = (("--alphas", float, "alpha = n/d", "0.5,1,2"), ("--omegas", float, 
              ("--seeds", int, "data seed", "0,1"), ("--inits", str, "initialisation", "semantic,positional"))
 
 
+def presets_of(sweep: str) -> dict[str, StudentPreset]:
+    """The presets of a student sweep: the phase diagram has its own (its demo must converge to show the
+    transition), λ-CV the study's."""
+    return PHASE_PRESETS if sweep == "phase_diagram" else STUDENT_PRESETS
+
+
 def add_student_flags(parser: argparse.ArgumentParser, sweep: str) -> None:
     """The flags of both student sweeps: preset, grid narrowing, size, and every sweep's common flags."""
-    add_preset_flag(parser, default="paper", presets=STUDENT_PRESETS,
+    add_preset_flag(parser, default="paper", presets=presets_of(sweep),
                     describe=lambda preset: preset.description + (f"; {cv_protocol(preset)}" if sweep == "lambda_cv"
                                                                   else ""))
     for flag, kind, what, example in NARROWING:
@@ -49,7 +55,7 @@ def cv_protocol(preset: StudentPreset) -> str:
 
 def run_student_sweep(sweep: str, args: argparse.Namespace, opts: SweepOptions) -> int:
     """One student sweep (`lambda_cv` or `phase_diagram`): validate, run on Ray, write the CSV, print a summary."""
-    preset = STUDENT_PRESETS[args.preset]
+    preset = presets_of(sweep)[args.preset]
     if args.smoke:
         preset = smoke_student(preset)
     overrides = {k: v for k, v in (("d", args.d), ("iters", args.iters)) if v is not None}

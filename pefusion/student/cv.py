@@ -26,7 +26,8 @@ import torch
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
-from pefusion.student.config import DEFAULT_FOLDS, DEFAULT_LAM_GRID, REPRODUCTION_ORDER, REPRODUCTION_POINT, REPRODUCTION_PUBLISHED, StudentConfig
+from pefusion.student.config import (DEFAULT_FOLDS, DEFAULT_LAM_GRID, REPRODUCTION_ORDER, REPRODUCTION_POINT,
+                                     REPRODUCTION_PUBLISHED, StudentConfig, solution_reached)
 from pefusion.student.fit import fit_linear, fit_students, initial_q
 from pefusion.student.model import attention_errors, point_data, rng
 from pefusion.student.point import config_record, point_metrics
@@ -97,8 +98,9 @@ def run_phase_point(alpha: float, omega: float, sigma: float, lam: float, seed: 
     """Fit the semantic and positional initialisations (one batch of two) at a fixed λ.
 
     `config` takes the other StudentConfig fields (optim, lr, iters, n_test, teacher_A, r, dtype). Returns
-    eps_t_*, eps_g_*, m_*, theta_* for * in (semantic, positional), eps_lin, global_min (the initialisation with
-    the lower training loss) and the point's identity."""
+    eps_t_*, eps_g_*, m_*, theta_*, reached_* (the solution the fit ended in, from its overlaps:
+    config.solution_reached) for * in (semantic, positional), eps_lin, global_min (the initialisation with the
+    lower training loss) and the point's identity."""
     start = time.perf_counter()
     point = StudentConfig(d=d, alpha=alpha, omega=omega, sigma=sigma, lam=lam, seed=seed, init="semantic",
                           **config)
@@ -110,6 +112,7 @@ def run_phase_point(alpha: float, omega: float, sigma: float, lam: float, seed: 
     out = {k: v for k, v in config_record(point).items() if k != R.INIT}
     for init, metrics in zip(PHASE_INITS, per_init):
         out |= {f"{key}_{init}": metrics[key] for key in (R.EPS_T, R.EPS_G, R.M, R.THETA)}
+        out[f"{R.REACHED}_{init}"] = solution_reached(metrics[R.M], metrics[R.THETA])
     out[R.EPS_LIN] = per_init[0][R.EPS_LIN]
     out[R.GLOBAL_MIN] = min(PHASE_INITS, key=lambda init: out[f"{R.EPS_T}_{init}"])
     return out | {R.SECONDS: time.perf_counter() - start}
