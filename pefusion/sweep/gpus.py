@@ -123,19 +123,25 @@ def auto_packing(probe: GpuProbe | None, points: Sequence[dict[str, Any]], *, sw
     return pack_trials(peak, usable, trial=trial, card=name + held)
 
 
-def _in_fresh_process(probe: GpuProbe, points: Sequence[dict[str, Any]]) -> tuple[int, str, int, int, str]:
-    """`_measure` in a spawned process: its CUDA context and the memory its allocator caches end with it."""
+def in_fresh_process(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a spawned process (fn and args must pickle): its CUDA context and the memory its allocator
+    caches end with it, so the driver never holds the card its trials share."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _in_fresh_process(probe: GpuProbe, points: Sequence[dict[str, Any]]) -> tuple[int, str, int, int, str]:
+    """`_measure` in a spawned process (`in_fresh_process`)."""
     import torch
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        try:
-            return pool.submit(_measure, probe, list(points)).result()
-        except torch.cuda.OutOfMemoryError as exc:  # the trial alone is larger than the card
-            raise ConfigError(f"--gpus-per-trial auto: {str(exc).splitlines()[0]}: shrink the largest trial (its "
-                              f"batch size or sequence length; bf16 halves activations)") from None
+    try:
+        return in_fresh_process(_measure, probe, list(points))
+    except torch.cuda.OutOfMemoryError as exc:  # the trial alone is larger than the card
+        raise ConfigError(f"--gpus-per-trial auto: {str(exc).splitlines()[0]}: shrink the largest trial (its "
+                          f"batch size or sequence length; bf16 halves activations)") from None
 
 
 def _measure(probe: GpuProbe, points: list[dict[str, Any]]) -> tuple[int, str, int, int, str]:
