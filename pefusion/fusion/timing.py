@@ -130,6 +130,9 @@ def time_trials(device_type: str, *, points: Sequence[dict[str, Any]], base: Pre
     torch.set_num_threads(threads)
     try:
         kinds, which = timed_kinds(points, base)
+        # The process's first model, step and evaluation pay its one-time costs (lazy imports, the allocator's
+        # first blocks, kernel selection), which a trial process pays once for all its trials: not timed.
+        time_kind(kinds[0], base, samples[_sample_key(kinds[0], base)], device)
         timings = [time_kind(p, base, samples[_sample_key(p, base)], device) for p in kinds]
     finally:
         torch.set_num_threads(before)

@@ -37,7 +37,7 @@ class Timing:
     device: str  # what was timed, e.g. "cpu (AMD EPYC 7B13, 1 thread)", "cuda (NVIDIA H200)"
     trial: str  # the longest trial, in words
     budget: str  # the most a trial trains, e.g. "20 epochs per trial", "5000 steps per fit"
-    may_end_early: bool = False  # the study's own reason a trial may train less (a fit that reaches a fixed point)
+    ends_early: str = ""  # the study's own reason a trial may train less, e.g. "GD ends a fit at a fixed point"
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,13 @@ def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing) -> SweepPla
     runs = trials * (len(study.space[stacked].values) if stacked else 1)
     points = study.space.trial_points()
     grid = is_grid(study)
-    seconds = list(timing.seconds) if grid else [max(timing.seconds)] * trials
-    at_most = not grid or timing.may_end_early or any(study.may_end_early(p) for p in points)
+    # A search samples its trials from the space: each is counted at the mean over the points it can be (a choice's
+    # values equally likely; a range's two ends)
+    seconds = list(timing.seconds) if grid else [sum(timing.seconds) / len(timing.seconds)] * trials
+    reasons = [r for r, holds in ((timing.ends_early, bool(timing.ends_early)),
+                                  ("early stopping or a scheduler may end trials sooner",
+                                   any(study.may_end_early(p) for p in points))) if holds]
+    at_most = bool(reasons)
     node = local_node(opts)
     at_once, cards = trials_at_once(opts.cpus_per_trial, opts.gpus_per_trial, node, opts.max_concurrent, trials)
     gpu = opts.gpus_per_trial > 0
@@ -134,14 +139,15 @@ def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing) -> SweepPla
 
     what = f"{counted(trials, 'trial')}" + (f" ({counted(runs, 'run')}, {len(study.space[stacked].values)} stacked "
                                             f"per trial)" if stacked else "")
-    why = "; trials may end sooner (early stopping, a scheduler)" if at_most else ""
+    why = f" ({'; '.join(reasons)})" if reasons else ""
     lines = [f"plan: {what} of {opts.sweep} --preset {study.preset}, {bound}{timing.budget}{why}"]
     ran_on = "a CPU, as the trials will" if not gpu else "a GPU, as the trials will"
     if gpu and not timing.device.startswith("cuda"):
         ran_on = "this driver's CPU: it sees no GPU, so the cluster's GPU trials may be much faster"
     where = f" (--address {opts.address}: timed on this driver's machine)" if opts.address else ""
     lines.append(f"plan: timed on {timing.device}, {ran_on}{where}: the longest trial, {timing.trial}, "
-                 f"{bound}{duration(max(seconds))}" + ("" if grid else " (every sampled trial counted at it)"))
+                 f"{bound}{duration(max(timing.seconds))}" + ("" if grid else f"; a sampled trial {bound}"
+                                                                      f"{duration(seconds[0])} on average"))
     if gpu:
         share = (f"{counted(at_once, 'trial')} at once on {counted(cards, 'GPU')} ({opts.gpus_per_trial:g} GPU per "
                  f"trial; trials sharing a card time-slice it)")
@@ -151,4 +157,4 @@ def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing) -> SweepPla
         if opts.address else ""
     lines.append(f"plan: {share}{assumed}: wall {bound}{duration(wall)}, {hours:.3g} {unit}")
     return SweepPlan(trials=trials, runs=runs, at_once=at_once, wall_s=wall, device_hours=hours, unit=unit,
-                     longest_s=max(seconds), at_most=at_most, device=timing.device, lines=tuple(lines))
+                     longest_s=max(timing.seconds), at_most=at_most, device=timing.device, lines=tuple(lines))
