@@ -86,7 +86,9 @@ def makespan(seconds: Sequence[float], slots: int) -> float:
 
 
 def duration(seconds: float) -> str:
-    """'45 s', '12 min 5 s', '3 h 20 min', '2.5 days'."""
+    """'0.4 s', '45 s', '12 min 5 s', '3 h 20 min', '2.5 days'."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 60:
         return f"{seconds:.0f} s"
     if seconds < 3600:
