@@ -80,7 +80,7 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
     for folder, files in study.parent_files(shipped).items():
         recorder.later(recorder.log_parent_artifacts, files, folder)
     # A resumed sweep's trials carry the runs they were made with, whatever this driver's flags say.
-    stack_key = stacked or study.stackable
+    stack_key = study.space.stacked_key() or study.stackable
     outcomes = Outcomes(stack_key, study.metric, study.mode, study.best_metric)
     callbacks = [
         MLflowRuns(recorder, study.static_params, study.run_name, resolved_keys=study.resolved_keys,
