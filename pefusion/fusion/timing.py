@@ -1,5 +1,5 @@
 """The PE-fusion study's timing for `--plan`: how long each trial of a sweep will take, from a few training steps
-of its largest trials on throwaway models (the engine's side, trials at once and the wall time, is
+of each kind of its trials on throwaway models (the engine's side, trials at once and the wall time, is
 `pefusion.sweep.plan`).
 
 Time, unlike memory, depends on the text: a batch is as wide as its longest document, so the steps are timed on
@@ -32,18 +32,18 @@ from pefusion.fusion.training import Trainer
 from pefusion.sweep.plan import Timing
 
 STEPS = 3  # timed training steps per kind of trial, after one warm-up step
-# Trial keys that change neither what a step computes nor how long it takes; the epoch budget and early stopping
-# change how many epochs, which `trial_seconds` counts per point.
-TIMELESS_KEYS = SHAPELESS_KEYS
 
 
 def _kind(point: Mapping[str, Any], base: Preset) -> tuple:
-    """What decides a trial's step time: every flat config value but `TIMELESS_KEYS`, and how many seeds it stacks."""
+    """What decides a trial's step time: every flat config value but the probe's `SHAPELESS_KEYS` (the seed, the
+    optimiser's numbers, the epoch budget: `trial_seconds` counts a point's epochs), how many seeds it stacks and
+    which corpus it reads."""
     seeds = point.get(R.SEED)
-    single = {**point, R.SEED: seeds[0]} if isinstance(seeds, list) else point
+    single = _single(point)
     flat = flat_config(*split_trial_config(single, base))
-    return (*((k, v) for k, v in flat.items() if k not in TIMELESS_KEYS),
-            ("stacked", len(seeds) if isinstance(seeds, list) else 1), ("data", trial_data(single, base).tokenizer_setting))
+    return (*((k, v) for k, v in flat.items() if k not in SHAPELESS_KEYS),
+            ("stacked", len(seeds) if isinstance(seeds, list) else 1),
+            ("data", trial_data(single, base).tokenizer_setting))
 
 
 def timed_kinds(points: Sequence[dict[str, Any]], base: Preset) -> tuple[list[dict[str, Any]], list[int]]:
@@ -65,13 +65,13 @@ def take(split: EncodedSplit, index: np.ndarray) -> EncodedSplit:
 
 def sample_corpus(corpus: EncodedCorpus, batch_size: int, seed: int = 0) -> EncodedCorpus:
     """A small corpus of the real one's documents to time on: (1 + STEPS) training batches of random documents and
-    two batches of validation ones (drawn again where a split has fewer)."""
+    one batch of validation ones (drawn again where a split has fewer)."""
     rng = np.random.default_rng(seed)
 
     def draw(split: EncodedSplit, n: int) -> EncodedSplit:
         return take(split, rng.choice(len(split), n, replace=len(split) < n))
 
-    validation = draw(corpus.validation, 2 * batch_size)
+    validation = draw(corpus.validation, batch_size)
     return dataclasses.replace(corpus, train=draw(corpus.train, (1 + STEPS) * batch_size), validation=validation,
                                test=validation, meta={})
 
