@@ -81,9 +81,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_kind(point: dict[str, Any], base: Preset, corpus: EncodedCorpus, device: torch.device) -> dict[str, float]:
-    """Seconds to build the trial of `point` on `corpus` (a `sample_corpus`), per training step (the mean of STEPS
-    after a warm-up one), per evaluated document (all of a stacked trial's seeds), and per checkpoint."""
+def time_kind(point: dict[str, Any], base: Preset, corpus: EncodedCorpus, device: torch.device,
+              steps: int = STEPS) -> dict[str, float]:
+    """Seconds to build the trial of `point` on `corpus` (a `sample_corpus`), per training step (the mean of
+    `steps` after a warm-up one), per evaluated document (all of a stacked trial's seeds), and per checkpoint."""
     seeds = point.get(R.SEED)
     stacked = len(seeds) if isinstance(seeds, list) else 1
     model_cfg, train_cfg = split_trial_config(_single(point), base)
@@ -91,14 +92,14 @@ def time_kind(point: dict[str, Any], base: Preset, corpus: EncodedCorpus, device
     trainer = StackedTrainer(model_cfg, train_cfg, corpus, list(range(stacked)), device) if stacked > 1 \
         else Trainer(model_cfg, train_cfg, corpus, device)
     build = time.perf_counter() - start
-    steps = trainer.train_steps()
-    next(steps)
+    stepping = trainer.train_steps()
+    next(stepping)
     _sync(device)
     start = time.perf_counter()
-    for _ in range(STEPS):
-        next(steps)
+    for _ in range(steps):
+        next(stepping)
     _sync(device)
-    step = (time.perf_counter() - start) / STEPS
+    step = (time.perf_counter() - start) / steps
     lead = trainer.lead if stacked > 1 else trainer
     lead.evaluate(corpus.validation)  # warm-up
     start = time.perf_counter()
@@ -132,7 +133,7 @@ def time_trials(device_type: str, *, points: Sequence[dict[str, Any]], base: Pre
         kinds, which = timed_kinds(points, base)
         # The process's first model, step and evaluation pay its one-time costs (lazy imports, the allocator's
         # first blocks, kernel selection), which a trial process pays once for all its trials: not timed.
-        time_kind(kinds[0], base, samples[_sample_key(kinds[0], base)], device)
+        time_kind(kinds[0], base, samples[_sample_key(kinds[0], base)], device, steps=1)
         timings = [time_kind(p, base, samples[_sample_key(p, base)], device) for p in kinds]
     finally:
         torch.set_num_threads(before)
