@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import io
 import math
+import statistics
 import time
 from typing import Any, Mapping, Sequence
 
@@ -83,7 +84,7 @@ def _sync(device: torch.device) -> None:
 
 def time_kind(point: dict[str, Any], base: Preset, corpus: EncodedCorpus, device: torch.device,
               steps: int = STEPS) -> dict[str, float]:
-    """Seconds to build the trial of `point` on `corpus` (a `sample_corpus`), per training step (the mean of
+    """Seconds to build the trial of `point` on `corpus` (a `sample_corpus`), per training step (the median of
     `steps` after a warm-up one), per evaluated document (all of a stacked trial's seeds), and per checkpoint."""
     seeds = point.get(R.SEED)
     stacked = len(seeds) if isinstance(seeds, list) else 1
@@ -95,11 +96,13 @@ def time_kind(point: dict[str, Any], base: Preset, corpus: EncodedCorpus, device
     stepping = trainer.train_steps()
     next(stepping)
     _sync(device)
-    start = time.perf_counter()
-    for _ in range(steps):
+    took = []
+    for _ in range(steps):  # each step on its own clock: the median leaves out a step another process slowed
+        start = time.perf_counter()
         next(stepping)
-    _sync(device)
-    step = (time.perf_counter() - start) / steps
+        _sync(device)
+        took.append(time.perf_counter() - start)
+    step = statistics.median(took)
     lead = trainer.lead if stacked > 1 else trainer
     lead.evaluate(corpus.validation)  # warm-up
     start = time.perf_counter()
