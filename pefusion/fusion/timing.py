@@ -130,16 +130,12 @@ def time_trials(device_type: str, *, points: Sequence[dict[str, Any]], base: Pre
     `sample_corpus` for each timed kind's batch size, by `_sample_key`) on `device_type` with `threads` torch
     threads; `sizes`: each setting's real (train, validation, test) document counts."""
     device = torch.device(device_type)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        kinds, which = timed_kinds(points, base)
-        # The process's first model, step and evaluation pay its one-time costs (lazy imports, the allocator's
-        # first blocks, kernel selection), which a trial process pays once for all its trials: not timed.
-        time_kind(kinds[0], base, samples[_sample_key(kinds[0], base)], device, steps=1)
-        timings = [time_kind(p, base, samples[_sample_key(p, base)], device) for p in kinds]
-    finally:
-        torch.set_num_threads(before)
+    torch.set_num_threads(threads)  # (the engine restores the driver's)
+    kinds, which = timed_kinds(points, base)
+    # The process's first model, step and evaluation pay its one-time costs (lazy imports, the allocator's
+    # first blocks, kernel selection), which a trial process pays once for all its trials: not timed.
+    time_kind(kinds[0], base, samples[_sample_key(kinds[0], base)], device, steps=1)
+    timings = [time_kind(p, base, samples[_sample_key(p, base)], device) for p in kinds]
     seconds = [trial_seconds(p, base, sizes[trial_data(_single(p), base).tokenizer_setting], timings[k])
                for p, k in zip(points, which)]
     point = points[int(np.argmax(seconds))]

@@ -7,7 +7,7 @@ on the device the trials will use); this module turns those seconds into the swe
 the wall time of running them in Tune's order, each in the first slot to free (`makespan`). Trials that share a
 card time-slice it (packed trials reached the same samples/s as one alone on an H200, docs/gpus.md), so on GPUs
 the slots are the cards in use. Timed in a fresh process where the trials use a GPU, so that the driver never
-holds the card; on a CPU in this process, with the trial's thread count.
+holds the card; on a CPU in this process (`_in_this_process`), with the trial's thread count.
 
 Device-hours: card-hours where the trials use GPUs (the wall time × the cards in use: what `record.CARD_HOURS`
 measures), core-hours on CPUs (Σ trial seconds × CPUs per trial: the report's CPU-hours).
@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pefusion import record as R
 from pefusion.sweep.console import counted
@@ -109,12 +109,29 @@ def time_trials(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any
     this machine has one, else this machine's CPU."""
     points = study.space.trial_points()
     timer = study.timer(points, shipped)
-    if opts.gpus_per_trial > 0:
-        import torch
+    import torch
 
-        if torch.cuda.is_available():
-            return in_fresh_process(timer, "cuda")
-    return timer("cpu")
+    if opts.gpus_per_trial > 0 and torch.cuda.is_available():
+        return in_fresh_process(timer, "cuda")
+    return _in_this_process(timer, "cpu")
+
+
+def _in_this_process(timer: Callable[[str], Timing], device: str) -> Timing:
+    """timer(device), this process left as it was: the random states its models seed (Ray's random search samples
+    from numpy's global one in this process) and torch's thread count."""
+    import random
+
+    import numpy as np
+    import torch
+
+    state = random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.get_num_threads()
+    try:
+        return timer(device)
+    finally:
+        random.setstate(state[0])
+        np.random.set_state(state[1])
+        torch.set_rng_state(state[2])
+        torch.set_num_threads(state[3])
 
 
 def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing) -> SweepPlan:
