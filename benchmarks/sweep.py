@@ -3,6 +3,7 @@ after another in one process (the naive way), and Ray's per-trial scheduling ove
 
     python scripts/bench_sweep.py --preset demo                         # the whole demo grid (60 trials)
     python scripts/bench_sweep.py --preset demo --seeds 0 --json        # 20 trials, one JSON line
+    python scripts/bench_sweep.py --preset demo --against-plan          # --plan's estimate against the sweep
 
 Prints wall-clock seconds of both, their ratio (sequential / Ray), and the overhead per trial:
 (Ray wall × concurrency − Σ time inside the trials) / trials, i.e. the time a trial slot holds no trial, per
@@ -15,6 +16,10 @@ imports what ours import, then sleeps through as many epochs as ours ran for as 
 once per epoch; no checkpoints, no MLflow, no callbacks), its overhead by the same formula, and ours above it:
 what the engine adds. A floor of equal trials would have no idle end of grid, and would count ours against the
 engine although bare Tune pays it too.
+
+`--against-plan` instead runs the grid once as `sweeps/arxiv_grid.py` runs it, with early stopping off so that
+every trial trains its whole epoch budget, as the estimate counts: the wall time its `--plan` lines estimated
+before Ray started, the wall time it took (the command's, and the trials' own span), and their ratio.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ from pefusion import record as R
 from pefusion.cli.flags import SEARCH_SPACES, add_grid_flags, add_preset_flag, print_result
 from pefusion.fusion.config import PRESETS, split_trial_config
 from pefusion.fusion.config import RULES as PEFUSION_RULES
-from pefusion.sweep.space import load_search_space
+from pefusion.sweep.space import Constant, load_search_space
 from pefusion.data.corpus import load_corpus
 from pefusion.fusion.training import train_and_evaluate
 
@@ -43,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_grid_flags(parser)  # default: the demo grid's
     parser.add_argument("--concurrency", type=int, default=2, help="trials at once on Ray, one CPU each")
     parser.add_argument("--json", action="store_true", help="one JSON line")
+    parser.add_argument("--against-plan", action="store_true",
+                        help="instead: the grid with early stopping off (every trial its whole epoch budget), its "
+                             "--plan estimate beside the wall time it took on Ray")
     args = parser.parse_args(argv)
 
     space = load_search_space(SPACE, PEFUSION_RULES)
@@ -52,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configs = space.points()
     preset = PRESETS[args.preset]
     corpus = load_corpus(preset.data)
+    if args.against_plan:
+        print_result(_against_plan(args, preset, space.override("early_stopping", Constant(False)), corpus), args.json)
+        return 0
 
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -97,6 +108,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     print_result(result, args.json)
     return 0
+
+
+def _against_plan(args: argparse.Namespace, preset, space, corpus) -> dict[str, Any]:
+    """The sweep as `sweeps/arxiv_grid.py` runs it (a local cluster of `--concurrency` CPUs, one per trial): the
+    estimate it printed and recorded before Ray started, and what it measured, both from its MLflow parent run:
+    the command's wall seconds (the timing, Ray's start and every trial) and the trials' own span; and the estimate
+    made again after the sweep."""
+    from mlflow.tracking import MlflowClient
+
+    from pefusion.fusion.study import pefusion_study
+    from pefusion.sweep.driver import run_sweep
+    from pefusion.sweep.options import SweepOptions
+    from pefusion.sweep.plan import make_plan, time_trials
+
+    with tempfile.TemporaryDirectory() as tmp:
+        opts = SweepOptions(sweep="arxiv_grid", experiment="bench", storage_path=f"{tmp}/ray", cpus_per_trial=1.0,
+                            gpus_per_trial=0.0, num_cpus=args.concurrency, dashboard=False, verbose=0,
+                            tracking_uri=f"sqlite:///{tmp}/mlflow.db")
+        study = pefusion_study("arxiv_grid", args.preset, preset, space, 1.0, corpus=corpus)
+        result = run_sweep(study, opts, f"{tmp}/results")
+        metrics = MlflowClient(opts.tracking_uri).get_run(result.parent_run_id).data.metrics
+        # The same estimate again, after the sweep: on a machine other work loads, how far the load drifted
+        after = make_plan(study, opts, time_trials(study, opts, study.ship())).wall_s
+    rows = result.rows
+    estimate, took = metrics[R.PLAN_WALL_S], metrics[R.SWEEP_WALL_S]
+    trials_s = float(rows["ended_at"].max() - rows["started_at"].min())
+    return {"trials": len(rows), "concurrency": args.concurrency, "epochs_run": int(rows[R.EPOCHS_RUN].sum()),
+            "plan_wall_s": round(estimate, 1), "plan_wall_s_after": round(after, 1), "sweep_wall_s": round(took, 1),
+            "trials_span_s": round(trials_s, 1),
+            "measured_over_plan": round(took / estimate, 3), "trials_span_over_plan": round(trials_s / estimate, 3),
+            "plan_core_hours": round(metrics[R.PLAN_DEVICE_HOURS], 4),
+            "failed": int((rows[R.STATUS] != R.STATUS_OK).sum())}
 
 
 def _bare_tune(trials: pd.DataFrame, concurrency: int, storage: str) -> dict[str, Any]:

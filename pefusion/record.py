@@ -138,6 +138,20 @@ SWEEP_WALL_S = "sweep_wall_s"
 CLUSTER_GPUS = "cluster_gpus"  # the GPUs of the Ray cluster's live nodes (the last invocation's)
 CARD_HOURS = "card_hours"  # Σ over invocations of wall seconds × cluster GPUs / 3600
 
+# --- what a sweep was expected to cost before it started (`--plan`, pefusion.sweep.plan; on its parent run) --------
+# From a few timed training steps of its largest trials: its wall seconds with as many trials at once as its
+# resources hold, and the device-hours of that time (card-hours where trials use GPUs: wall × the cards they use;
+# core-hours on CPUs: Σ trial seconds × CPUs per trial). An upper bound where PLAN_AT_MOST is 1 (early stopping or a
+# scheduler may end trials sooner). Beside SWEEP_WALL_S in the report.
+PLAN_WALL_S = "plan_wall_s"
+PLAN_DEVICE_HOURS = "plan_device_hours"
+PLAN_TRIAL_S = "plan_trial_s"  # the longest trial's estimated seconds
+PLAN_CONCURRENT = "plan_concurrent"  # trials at once
+PLAN_AT_MOST = "plan_at_most"  # 1: trials may end sooner than planned
+TAG_PLAN = "pefusion.plan"  # the lines the sweep printed
+TAG_PLAN_DEVICE = "pefusion.plan_device"  # what was timed: "cuda (NVIDIA H200)", "cpu (..., 1 thread)"
+TAG_PLAN_UNIT = "pefusion.plan_unit"  # card-hours | core-hours
+
 # --- a search's epoch budget (metrics of its MLflow parent run) ----------------------------------------------
 EPOCHS_TRAINED = "epochs_trained"  # epochs the trials actually ran
 EPOCHS_FULL_BUDGET = "epochs_full_budget"  # trials × max_t: what the same samples cost without early stopping

@@ -31,6 +31,7 @@ TABLE_ROW = re.compile(r"sinusoidal\s+(add|gate_scalar|concat)\s")
 OURS = [TABLE_ROW, *(re.compile(p) for p in (
     r"--gpus-per-trial auto \(the default\): ",  # where the trials run (a machine without a GPU: the CPU)
     r"\d+ trials? on ",  # what the sweep runs on
+    r"plan: ",  # what it will cost (pefusion.sweep.plan)
     r"Ray and MLflow messages: ",
     r"Ray dashboard: http",
     r"MLflow: ",  # where the runs go

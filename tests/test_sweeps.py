@@ -285,6 +285,10 @@ def test_arxiv_grid_script_end_to_end(local_ray, in_tmp, cache_dir, capsys):
     assert parent.data.tags[R.TAG_SWEEP] == "arxiv_grid"
     assert parent.data.tags[R.TAG_COMMAND].startswith("pefusion-grid --preset arxiv --synthetic --smoke")
     assert parent.data.metrics["n_failed"] == 0
+    # the plan printed before Ray started is the one on the parent run, with its estimate
+    assert out.index("plan: 4 trials of arxiv_grid") < out.index("4 trials, 4 ok")
+    assert parent.data.tags[R.TAG_PLAN] in out and parent.data.tags[R.TAG_PLAN_UNIT] == "core-hours"
+    assert parent.data.metrics[R.PLAN_WALL_S] > 0 and parent.data.metrics[R.PLAN_CONCURRENT] >= 1
     logged = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, R.ARTIFACT_RESULTS_DIR)}
     assert logged == {"e2e_results_by_seed.csv", "e2e_results_aggregated.csv"}
 

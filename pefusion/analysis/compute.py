@@ -6,7 +6,8 @@ points (`runs.epoch_points`). A run's hours are its wall seconds over every proc
 retries and resumes each counted once, up to their last checkpoint) times the share of the trial's GPUs or CPUs
 it was given (a stacked trial's runs split them, so the sum counts each trial once), over 3600. The card-hours
 are what renting the cluster cost, busy or not: the sweep command's wall time times its cluster's GPUs, as its
-parent run recorded them (`record.CARD_HOURS`).
+parent run recorded them (`record.CARD_HOURS`); beside them what `--plan` estimated before the sweep started
+(`record.PLAN_WALL_S`).
 """
 from __future__ import annotations
 
@@ -67,6 +68,11 @@ class Totals:
     sweep_wall_s: float
     cluster_gpus: float
     card_hours: float
+    # What `--plan` estimated before the sweep started (nan where its parent run has no estimate): its wall seconds,
+    # device-hours (card-hours where trials used GPUs, else core-hours) and whether it was an upper bound.
+    plan_wall_s: float = float("nan")
+    plan_device_hours: float = float("nan")
+    plan_at_most: bool = False
 
 
 def totals(trials: pd.DataFrame, table: pd.DataFrame, parent_metrics: Mapping[str, float]) -> Totals:
@@ -80,7 +86,9 @@ def totals(trials: pd.DataFrame, table: pd.DataFrame, parent_metrics: Mapping[st
                   devices=tuple(dict.fromkeys(names)),
                   **{k: float(parent_metrics.get(name, float("nan"))) for k, name in (
                       ("sweep_wall_s", R.SWEEP_WALL_S), ("cluster_gpus", R.CLUSTER_GPUS),
-                      ("card_hours", R.CARD_HOURS))})
+                      ("card_hours", R.CARD_HOURS), ("plan_wall_s", R.PLAN_WALL_S),
+                      ("plan_device_hours", R.PLAN_DEVICE_HOURS))},
+                  plan_at_most=bool(parent_metrics.get(R.PLAN_AT_MOST, 0.0)))
 
 
 def utilisation_names(names: Collection[str]) -> list[str]:

@@ -344,7 +344,21 @@ def compute_line(totals: CO.Totals) -> str:
             f"from the first run's start to the last run's end (the trials' own clocks). GPU-hours "
             f"{totals.gpu_hours:.3g}, CPU-hours {totals.cpu_hours:.3g}: the sum over runs of wall × share ÷ 3600, "
             f"a run's wall summed over the processes that ran it (retries and resumes), its share the part of its "
-            f"trial's GPUs or CPUs Ray gave it: the time the trials were given.{unpriced} {held}")
+            f"trial's GPUs or CPUs Ray gave it: the time the trials were given.{unpriced} {held}{plan_line(totals)}")
+
+
+def plan_line(totals: CO.Totals) -> str:
+    """What `--plan` estimated before the sweep started, beside what it measured (the command's wall time, which
+    the estimate covers less Ray's start), or nothing where the parent run has no estimate."""
+    if pd.isna(totals.plan_wall_s):
+        return ""
+    bound = "at most " if totals.plan_at_most else ""
+    unit = "card-hours" if totals.gpu_hours > 0 else "core-hours"
+    measured = "" if pd.isna(totals.sweep_wall_s) else \
+        (f", against the {totals.sweep_wall_s:.0f} s the sweep command took "
+         f"({totals.sweep_wall_s / totals.plan_wall_s:.2f}x the estimate)")
+    return (f" Estimated before it started (--plan): wall {bound}{totals.plan_wall_s:.0f} s, {bound}"
+            f"{totals.plan_device_hours:.3g} {unit}{measured}.")
 
 
 def compute_section(trials: pd.DataFrame, epochs: pd.DataFrame, system: pd.DataFrame,

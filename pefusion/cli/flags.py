@@ -142,6 +142,10 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_
     g.add_argument("--experiment", default=experiment, help=f"MLflow experiment (default: {experiment})")
     g.add_argument("--out", default="results", help="folder for the result CSVs (default: results/)")
     g.add_argument("--smoke", action="store_true", help="tiny budgets for a quick end-to-end check")
+    g.add_argument("--plan", action="store_true",
+                   help="print the trials, the most epochs and an estimate of wall time and device-hours (from a "
+                        "few timed training steps of the largest trials on the device they will use), then stop: "
+                        "no Ray, no MLflow run (every sweep prints these lines first)")
     g.add_argument("--no-dashboard", action="store_true", help="do not start the Ray dashboard")
     g.add_argument("-v", "--verbose", action="count", default=1, help="more Ray output")
     g.add_argument("-q", "--quiet", action="store_true",
@@ -233,7 +237,7 @@ def sweep_options(args: argparse.Namespace, sweep: str, argv: Sequence[str] | No
         num_gpus=args.num_gpus, max_concurrent=args.max_concurrent, resume=args.resume,
         tracking_uri=args.tracking_uri, dashboard=not args.no_dashboard, verbose=args.verbose,
         progress=not args.quiet, max_failures=args.max_failures, autoscaling=args.autoscaling,
-        stack=getattr(args, "stack_seeds", None), command=command_line(given, program=program),
+        stack=getattr(args, "stack_seeds", None), plan=args.plan, command=command_line(given, program=program),
         portable_command=command_line(portable, program=program, absolute=True),
         tags={R.TAG_SEARCH_SPACE: space, "pefusion.preset": getattr(args, "preset", "")})
 

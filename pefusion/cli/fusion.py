@@ -70,9 +70,12 @@ def run_arxiv_grid(args: argparse.Namespace, opts: SweepOptions) -> int:
     preset = resolve_preset(args)
     space = _load_space(args, opts, preset)
     from pefusion.fusion.study import pefusion_study
-    from pefusion.sweep.driver import run_sweep
+    from pefusion.sweep.driver import plan_sweep, run_sweep
 
     study = pefusion_study("arxiv_grid", args.preset, preset, space, opts.cpus_per_trial, describe=True)
+    if opts.plan:
+        plan_sweep(study, opts)
+        return 0
     result = run_sweep(study, opts, args.out)
     print(summary_table(result.rows))
     print(f"results: {', '.join(map(str, result.paths))}\nRay experiment: {result.experiment_path}")
@@ -89,9 +92,12 @@ def run_lr_batch_asha(args: argparse.Namespace, opts: SweepOptions) -> int:
     space = _load_space(args, opts, preset)
     from pefusion.analysis.search import budget_summary
     from pefusion.fusion.study import lr_batch_study
-    from pefusion.sweep.driver import run_sweep
+    from pefusion.sweep.driver import plan_sweep, run_sweep
 
     study = lr_batch_study(args.preset, preset, space, plan, opts.cpus_per_trial)
+    if opts.plan:
+        plan_sweep(study, opts)
+        return 0
     opts.tags[R.TAG_SCHEDULER] = args.scheduler  # the report names who spent the epoch budget
     result = run_sweep(study, opts, args.out)
 

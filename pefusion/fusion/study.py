@@ -43,6 +43,7 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
     StudySweep's metric, mode, scheduler, search_alg, num_samples; a stopped trial's best validation accuracy is
     its `best_val_acc`."""
     from pefusion.fusion.probe import largest_trial_peak
+    from pefusion.fusion.timing import plan_timer
     from pefusion.fusion.trainable import check_trial_config, pefusion_trainable, trial_run_name
 
     settings = corpus_settings(space, preset)
@@ -83,7 +84,7 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         gpu_probe=functools.partial(largest_trial_peak, base=preset),
         resolved_keys=(R.DEVICE, R.PRECISION, R.PAD_MULTIPLE),
         stackable=None if search.get("metric") else R.SEED,  # a search judges each trial by one metric
-        parent_files=tokenizers,
+        parent_files=tokenizers, timer=functools.partial(plan_timer, base=preset, cpus=cpus),
         **search)
 
 

@@ -23,6 +23,7 @@ def student_study(sweep: str, preset_name: str, preset: StudentPreset, space: Se
                   cpus: float) -> StudySweep:
     """Study B as the engine sees it: one trial per point of `space` over `preset`, `sweep` naming the trainable
     (`lambda_cv` or `phase_diagram`)."""
+    from pefusion.student.timing import plan_timer
     from pefusion.student.trainable import lambda_cv_trainable, phase_trainable, student_run_name
 
     trainables = {"lambda_cv": lambda_cv_trainable, "phase_diagram": phase_trainable}
@@ -32,7 +33,7 @@ def student_study(sweep: str, preset_name: str, preset: StudentPreset, space: Se
         ship=lambda: {"preset": preset, "cpus": cpus}, csv=csv_ready,
         check_point=lambda point: point_config(point, preset), static_params={**preset.point, **preset.cv},
         identity=preset.point, sort_keys=(R.OMEGA, R.ALPHA, R.INIT, R.SEED), run_name=student_run_name,
-        shown={shown: lambda v: f"{shown} {v:.4g}"},
+        shown={shown: lambda v: f"{shown} {v:.4g}"}, timer=plan_timer(sweep, preset, cpus),
         describe=lambda shipped: f"{counted(grid_size(space), 'point')} ({sweep}, preset {preset_name})")
 
 
@@ -73,6 +74,7 @@ def lambda_search_study(preset_name: str, preset: StudentPreset, space: SearchSp
     space = lambda_search_space(space, preset, plan.search)
     objective = Objective(metric=R.CV_ERROR_MEAN, mode="min")
     check(plan, objective, space)
+    from pefusion.student.timing import plan_timer
     from pefusion.student.trainable import lambda_trial_trainable, student_run_name
 
     return StudySweep(
@@ -84,7 +86,7 @@ def lambda_search_study(preset_name: str, preset: StudentPreset, space: SearchSp
         run_name=lambda cfg: f"{student_run_name(cfg)}-lam{cfg[R.LAMBDA]:.3g}",
         shown={R.CV_ERROR_MEAN: lambda v: f"cv error {v:.4g}"},
         describe=lambda shipped: f"{counted(plan.num_samples, 'lambda')} ({plan.search} search, preset {preset_name})",
-        tables=lambda rows: {"lambda_star": best_lambda(rows)},
+        tables=lambda rows: {"lambda_star": best_lambda(rows)}, timer=plan_timer("lambda_search", preset, cpus),
         parent_metrics=lambda rows: {k: float(best_lambda(rows)[k].iloc[0]) for k in (R.LAMBDA_STAR, R.CV_ERROR_MEAN)
                                      if len(best_lambda(rows))},
         **build(plan, objective, space))

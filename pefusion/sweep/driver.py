@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 import pandas as pd
 
@@ -36,7 +37,8 @@ from pefusion.sweep.console import counted
 from pefusion.sweep.options import SweepOptions, path_name
 from pefusion.sweep.outcomes import Outcomes, result_rows
 from pefusion.sweep.progress import Progress
-from pefusion.sweep.settle import SettledSweep, settle
+from pefusion.sweep.plan import SweepPlan, make_plan, time_trials
+from pefusion.sweep.settle import SettledSweep, settle, settle_trials, validate
 from pefusion.sweep.space import grid_size
 from pefusion.sweep.study import StudySweep, varying_keys
 from pefusion.sweep.tuner import cluster_gpus, run_tune, start_cluster
@@ -65,14 +67,7 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
     settled = settle(study, opts)
     study, opts = settled.study, settled.opts
     shipped = study.ship()
-    line = study.describe(shipped)
-    if line:
-        print(line, flush=True)
-    stacked = study.space.stacked_key()
-    if stacked:
-        values = study.space[stacked].values
-        print(f"{stacked} {', '.join(map(str, values))} stacked: each of the {grid_size(study.space)} trials trains "
-              f"its {len(values)} runs together, as one batched model", flush=True)
+    plan = _say_plan(study, opts, shipped)
     console.quiet(settled.path, opts.verbose)  # Ray's and MLflow's messages to the experiment's driver.log
     start_cluster(opts)
     # Opened while Tune starts the trials' processes (both take seconds); a trial's first event waits for it.
@@ -80,10 +75,12 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
                              announce=True, system_metrics=True,
                              tags={R.TAG_RAY_ADDRESS: opts.address or "local", R.TAG_COMMAND: opts.command,
                                    **opts.tags})
+    if plan is not None:
+        recorder.later(recorder.log_plan, plan.metrics(), plan.tags())
     for folder, files in study.parent_files(shipped).items():
         recorder.later(recorder.log_parent_artifacts, files, folder)
     # A resumed sweep's trials carry the runs they were made with, whatever this driver's flags say.
-    stack_key = stacked or study.stackable
+    stack_key = study.space.stacked_key() or study.stackable
     outcomes = Outcomes(stack_key, study.metric, study.mode, study.best_metric)
     callbacks = [
         MLflowRuns(recorder, study.static_params, study.run_name, resolved_keys=study.resolved_keys,
@@ -124,6 +121,32 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
     n_failed = int((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum()) if R.STATUS in rows else len(rows)
     recorder.finish_sweep({"n_trials": len(rows), "n_failed": n_failed, **study.parent_metrics(rows)})
     return result
+
+
+def plan_sweep(study: StudySweep, opts: SweepOptions) -> SweepPlan | None:
+    """`--plan`: what `run_sweep` would print before Ray starts (the points checked, GPUs per trial settled, the
+    data read and the trials timed), and nothing more: no Ray, no MLflow run, no experiment folder."""
+    validate(study)
+    study, opts = settle_trials(study, opts)
+    return _say_plan(study, opts, study.ship())
+
+
+def _say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) -> SweepPlan | None:
+    """Print the sweep's description, its stacking, and its plan (`pefusion.sweep.plan`; None for a study that
+    cannot time its trials)."""
+    line = study.describe(shipped)
+    if line:
+        print(line, flush=True)
+    stacked = study.space.stacked_key()
+    if stacked:
+        values = study.space[stacked].values
+        print(f"{stacked} {', '.join(map(str, values))} stacked: each of the {grid_size(study.space)} trials trains "
+              f"its {len(values)} runs together, as one batched model", flush=True)
+    if study.timer is None:
+        return None
+    plan = make_plan(study, opts, time_trials(study, opts, shipped))
+    print("\n".join(plan.lines), flush=True)
+    return plan
 
 
 def _interrupted(result: SweepResult, path: Path, settled: SettledSweep, recorder: SweepRecorder,

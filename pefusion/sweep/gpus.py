@@ -159,6 +159,16 @@ def fit_smallest(readings: Sequence[CardReading]) -> Packing:
     return dataclasses.replace(packings[chosen], reason=said)
 
 
+def in_fresh_process(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a spawned process (fn and args must pickle): its CUDA context and the memory its allocator
+    caches end with it, so the driver never holds the card its trials share."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def cuda_card() -> tuple[int, int, str]:
     """The current CUDA device's free and total bytes, and its name."""
     import torch
@@ -168,12 +178,8 @@ def cuda_card() -> tuple[int, int, str]:
 
 
 def _in_fresh_process(probe: GpuProbe, card: CardMemory, points: Sequence[dict[str, Any]]) -> list[CardReading]:
-    """`measure` in a spawned process: its CUDA context and the memory its allocator caches end with it."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return [out_of_memory_refused(pool.submit(measure, probe, card, list(points)).result)]
+    """`measure` in a spawned process (`in_fresh_process`)."""
+    return [out_of_memory_refused(lambda: in_fresh_process(measure, probe, card, list(points)))]
 
 
 def out_of_memory_refused(result: Callable[[], CardReading]) -> CardReading:

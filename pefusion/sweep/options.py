@@ -40,6 +40,7 @@ class SweepOptions:
     autoscaling: bool = False  # the cluster adds nodes: a request no node holds now may wait
     # Train the study's stackable key's values together in one trial (--stack-seeds); None: separate trials.
     stack: bool | None = None
+    plan: bool = False  # --plan: print what the sweep will cost and stop, before Ray starts
     command: str = ""  # the command as typed (recorded on the parent run)
     # The same command from any folder: the script and every path absolute, and the storage, tracking store and
     # output folder the working folder gave (`pefusion.cli.flags.sweep_options`); its --resume form ends an

@@ -52,13 +52,21 @@ def settle(study: StudySweep, opts: SweepOptions) -> SettledSweep:
         check_restorable(path, name, opts)
     elif Path(path).exists():
         raise ConfigError(f"experiment {path} exists: pass --resume to continue it, or another --name")
+    study, opts = settle_trials(study, opts)
+    uri = resolve_tracking_uri(opts.tracking_uri)
+    check_tracking(uri)
+    return SettledSweep(study, opts, uri, opts.experiment or study.experiment, name, path, resume)
+
+
+def settle_trials(study: StudySweep, opts: SweepOptions) -> tuple[StudySweep, SweepOptions]:
+    """The trials as they will run, before anything is written: the stackable key stacked or not, GPUs per trial
+    (`auto`: measured) and the request checked against the local cluster this command would start (what `--plan`
+    needs as well)."""
     study = resolve_stacking(study, opts)
     opts = resolve_gpus(study, opts, probe_on_cluster(opts.address, opts.verbose) if opts.address else None)
     if not opts.address and not _ray_running():  # (a sweep inside a running `ray.init` is checked by Ray's nodes)
         check_resources(opts, [local_node(opts)])
-    uri = resolve_tracking_uri(opts.tracking_uri)
-    check_tracking(uri)
-    return SettledSweep(study, opts, uri, opts.experiment or study.experiment, name, path, resume)
+    return study, opts
 
 
 def check_restorable(path: str, name: str, opts: SweepOptions) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from pefusion.sweep.gpus import CardMemory, GpuProbe
+from pefusion.sweep.plan import Timing
 from pefusion.sweep.space import Choice, Constant, Grid, SearchSpace
 
 
@@ -73,6 +74,11 @@ class StudySweep:
     # Files the sweep's parent run keeps from its start, by artifact folder, from what `ship` built: what a finished
     # trial's model needs besides its checkpoint (the tokeniser of each corpus the trials read).
     parent_files: Callable[[Mapping[str, Any]], Mapping[str, Sequence[Path]]] = lambda shipped: {}
+    # `--plan` and the first lines of every sweep (`pefusion.sweep.plan`): given the points the trials can be
+    # (`SearchSpace.trial_points()`) and what `ship` built, a callable that times the trials on a device ("cpu" or
+    # "cuda") and returns their seconds (a `Timing`). It must pickle (the engine runs it in a fresh process on a
+    # GPU), so it carries samples of the data, not the data.
+    timer: Callable[[Sequence[dict[str, Any]], Mapping[str, Any]], Callable[[str], Timing]] | None = None
 
 
 def varying_keys(space: SearchSpace) -> list[str]:

@@ -315,6 +315,11 @@ class SweepRecorder:
                                                R.CARD_HOURS: before.get(R.CARD_HOURS, 0.0) + wall_s * gpus / 3600,
                                                R.CLUSTER_GPUS: gpus})
 
+    def log_plan(self, metrics: Mapping[str, float], tags: Mapping[str, str]) -> None:
+        """The sweep's estimate made before it started (`pefusion.sweep.plan.SweepPlan`) on its parent run."""
+        self._log_metrics(self.parent_run_id, metrics)
+        self.tag_parent(tags)
+
     def finish_sweep(self, metrics: Mapping[str, Any]) -> None:
         """The parent run FINISHED with the sweep's counts (only once every trial has finished)."""
         self._stop_system_metrics()
