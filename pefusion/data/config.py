@@ -42,6 +42,10 @@ class DataConfig:
     synthetic_test: int = 500
     synthetic_seed: int = 0
     synthetic_task: str = "order"  # which synthetic task (pefusion.data.synthetic.TASKS)
+    # A source without a validation split (AG News) holds out 10 % of train: with split_per_seed, drawn by each
+    # trial's seed (`split_seed`, set per trial), so each seed has its own split and vocabulary: its own corpus.
+    split_per_seed: bool = False
+    split_seed: int = 0
 
     def __post_init__(self) -> None:
         for key in ("max_len", "min_freq", "max_vocab", "synthetic_train", "synthetic_val", "synthetic_test"):
@@ -58,8 +62,10 @@ class DataConfig:
 
     @property
     def tokenizer_setting(self) -> str:
-        """The tokeniser settings as one short label, e.g. 'words/50000/2': which corpus a trial reads."""
-        return "/".join(str(getattr(self, k)) for k in TOKENIZER_KEYS)
+        """The tokeniser settings as one short label, e.g. 'words/50000/2' ('.../split3' when the validation
+        split is drawn per seed): which corpus a trial reads."""
+        label = "/".join(str(getattr(self, k)) for k in TOKENIZER_KEYS)
+        return f"{label}/split{self.split_seed}" if self.split_per_seed else label
 
     @property
     def source(self) -> Source:
@@ -78,6 +84,7 @@ def source_of(cfg: DataConfig) -> Source:
     if cfg.synthetic:
         return SyntheticCorpus(cfg.synthetic_task, (cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_test),
                                cfg.synthetic_seed)
+    split = cfg.split_seed if cfg.split_per_seed else None
     if cfg.data_dir:
-        return LocalFolder(cfg.data_dir, cfg.text_column, cfg.label_column)
-    return HubDataset(cfg.dataset, cfg.dataset_config, cfg.text_column, cfg.label_column)
+        return LocalFolder(cfg.data_dir, cfg.text_column, cfg.label_column, split)
+    return HubDataset(cfg.dataset, cfg.dataset_config, cfg.text_column, cfg.label_column, split)
