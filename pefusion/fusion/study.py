@@ -70,7 +70,7 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         sweep=sweep, preset=preset_name, experiment=R.PEFUSION_EXPERIMENT, space=space,
         trainable=trainable or pefusion_trainable, ship=ship, csv=csv_ready,
         check_point=lambda point: check_trial_config(point, preset),
-        static_params={R.DATASET: dataset, **flat_config(preset.model, preset.train),
+        static_params={R.DATASET: dataset, R.PRESET: preset_name, **flat_config(preset.model, preset.train),
                        **{k: getattr(preset.data, k) for k in TOKENIZER_KEYS}},
         identity={R.PE_TYPE: preset.model.pe_type, R.FUSION: preset.model.fusion, R.SEED: preset.train.seed,
                   R.DATASET: dataset},
