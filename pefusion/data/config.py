@@ -13,6 +13,8 @@ DEFAULT_LENGTH_EDGES = (512, 1024, 2048, 4096)
 TOKENIZERS = ("whitespace", "words", "wordpiece", "bpe")
 # The DataConfig fields a search space may set or search, one token-id corpus per distinct combination.
 TOKENIZER_KEYS = ("tokenizer", "max_vocab", "min_freq")
+# Recorded with every trial: whether its validation split (and so its corpus) was drawn by its own seed.
+SPLIT_PER_SEED = "split_per_seed"
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,8 @@ class DataConfig:
     def tokenizer_setting(self) -> str:
         """The tokeniser settings as one short label, e.g. 'words/50000/2' ('.../split3' when the validation
         split is drawn per seed): which corpus a trial reads."""
-        label = "/".join(str(getattr(self, k)) for k in TOKENIZER_KEYS)
-        return f"{label}/split{self.split_seed}" if self.split_per_seed else label
+        return corpus_label(*(getattr(self, k) for k in TOKENIZER_KEYS),
+                            split_seed=self.split_seed if self.split_per_seed else None)
 
     @property
     def source(self) -> Source:
@@ -76,6 +78,13 @@ class DataConfig:
     def source_name(self) -> str:
         """Short dataset name recorded with every trial (the `dataset` param)."""
         return self.source.name
+
+
+def corpus_label(tokenizer: str, max_vocab: int | str, min_freq: int | str, split_seed: int | str | None = None) -> str:
+    """`DataConfig.tokenizer_setting` from its parts (also from a run's recorded params): which corpus a trial read,
+    and the folder of its tokeniser files on the sweep's parent run."""
+    label = f"{tokenizer}/{max_vocab}/{min_freq}"
+    return label if split_seed is None else f"{label}/split{split_seed}"
 
 
 def source_of(cfg: DataConfig) -> Source:
