@@ -150,7 +150,7 @@ def protocol(cell: pd.DataFrame, preset: str | None) -> str:
     for key, value in expected.items():
         if key in _NOT_PROTOCOL or key not in cell:
             continue
-        seen = sorted({str(v) for v in cell[key] if not _same(v, value)})
+        seen = sorted({str(v) for v in cell[key].dropna() if not _same(v, value)})  # NaN: a run without the key
         if seen:
             changed.append(f"{key} {value}→{'/'.join(seen)}")
     names = sorted(set(cell[R.DATASET].astype(str)) - {base.data.source_name})
