@@ -1,6 +1,6 @@
 """Table 1 from the MLflow runs: test accuracy (%, mean ± sample std over seeds), parameters and latency per
-(PE, fusion), one table per dataset, written as table1_<dataset>.csv, .md and .tex; for the ArXiv dataset the
-paper's Table 3 values stand beside ours.
+(PE, fusion), one table per dataset, written as table1_<dataset>.csv, .md and .tex; for the runs of a preset with
+published numbers (arxiv: Table 3; agnews, imdb: Table 1) the paper's values stand beside ours with a verdict.
 
     python scripts/make_table1.py                      # every finished trial run of experiment pe-fusion
     python scripts/make_table1.py --parent-run 1a2b3c4d --out results/
