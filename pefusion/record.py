@@ -20,6 +20,9 @@ DATASET = "dataset"
 PE_TYPE = "pe_type"
 FUSION = "fusion"
 SEED = "seed"
+# The preset whose defaults a trial ran with (a param): the report compares its runs with that preset's published
+# numbers and names every recorded key whose value differs from the preset's.
+PRESET = "preset"
 
 # --- per-epoch metrics (MLflow step = epoch, 1-based) -------------------------------------------------------
 # A result with EPOCH and without STATUS is an epoch: every number in it becomes a point of that metric's MLflow

@@ -19,6 +19,7 @@ from scipy import stats
 from pefusion import record as R
 from pefusion.analysis import formats as FM
 from pefusion.analysis import fusion_tables as FT
+from pefusion.analysis import published as PB
 from pefusion.analysis import runs as RU
 from pefusion.analysis import search as SE
 from pefusion.analysis import student_tables as ST
@@ -280,11 +281,11 @@ def test_table1_exact(trials):
             assert row.lat_ms_mean == pytest.approx(lat.mean(), rel=1e-12)
             assert row.lat_ms_std == pytest.approx(lat.std(ddof=1), rel=1e-9)
             assert row.n_failed == (1 if (pe, fu) == FAILED[:2] else 0)
-            assert (row.published_mean, row.published_std) == FT.ARXIV_TABLE3[(pe, fu)]
+            assert (row.published_mean, row.published_std) == PB.TABLE3_ARXIV.cells[(pe, fu)]
 
 
 def test_table1_published_only_for_arxiv_and_renderings(trials):
-    other = FT.table1(trials.assign(**{R.DATASET: "synthetic"}))
+    other = FT.table1(trials.assign(**{R.DATASET: "synthetic"}).drop(columns=[R.PRESET], errors="ignore"))
     assert "published_mean" not in other and list(other.columns) == list(FT.TABLE1_COLUMNS)
     display = FT.table1_display(FT.table1(trials), digits=2)  # as the .md and .tex files print it
     markdown, latex = FM.to_markdown(display), FM.to_latex(display, "Table 1")
@@ -594,3 +595,71 @@ def test_lambda_cv_phase_figure_labels_lambda_star_and_a_small_d_says_it_cannot_
     assert at_paper_d._supxlabel is None and not at_paper_d.axes[0].texts  # no λ* without the student frame
     one_seed = F.phase_diagram_figure(summary.assign(**{R.D: 1000.0}), ALPHA_C, ALPHA_L)
     assert one_seed._supxlabel.get_text().startswith("1 seed(s) leave 1 point(s) more than 0.1 from α_c undecided")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Our seeds against the published numbers: the verdict, the protocol
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ours,paper", [
+    ([83.1, 83.5, 83.2, 83.6, 83.3], 83.28),  # the paper's mean inside our interval
+    ([84.0, 84.2, 84.1], 83.28),  # all of our interval above it
+    ([82.0, 82.9, 81.7, 82.4], 83.28),  # below it
+    ([83.0, 83.0], 83.0),  # no spread: the interval is the point, which the paper's mean equals
+])
+def test_verdict_against_an_independent_t_interval(ours, paper):
+    n, mean = len(ours), float(np.mean(ours))
+    low, high = stats.t.interval(0.95, n - 1, loc=mean, scale=stats.sem(ours)) if np.std(ours) else (mean, mean)
+    expected = "within" if low <= paper <= high else ("above" if low > paper else "below")
+    got = PB.verdict(ours, paper)
+    assert got["verdict"] == expected and got["n"] == n
+    assert got["delta"] == pytest.approx(mean - paper, abs=1e-12)
+    assert (got["ci95_low"], got["ci95_high"]) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
+
+
+def test_verdict_of_one_seed_has_no_interval():
+    got = PB.verdict([84.0], 83.28)
+    assert got["verdict"] == "one seed: no interval" and math.isnan(got["ci95_low"]) and math.isnan(got["ci95_high"])
+    assert got["delta"] == pytest.approx(0.72)
+
+
+def table1_runs(preset: str, dataset: str, accs: dict[str, list[float]], **params) -> pd.DataFrame:
+    """Made-up ok runs of the sinusoidal Table 1 cells, recording `preset`'s settings overridden by `params`."""
+    from pefusion.fusion.config import PRESETS, flat_config
+
+    base = PRESETS[preset]
+    config = {**flat_config(base.model, base.train), **params}
+    rows = [{**config, R.DATASET: dataset, R.PRESET: preset, R.PE_TYPE: "sinusoidal", R.FUSION: fu, R.SEED: seed,
+             R.STATUS: R.STATUS_OK, R.TEST_ACC: acc / 100, RU.RUN_ID: f"{fu}{seed}", RU.START_TIME: seed}
+            for fu, values in accs.items() for seed, acc in enumerate(values)]
+    return pd.DataFrame(rows)
+
+
+def test_imdb_runs_are_compared_with_table1_whatever_their_data_folder_is_called():
+    accs = {"add": [83.1, 83.5, 83.2, 83.6, 83.3], "concat": [82.0, 82.1, 82.2, 81.9, 82.0], "gate_vector": [84.9]}
+    table = FT.table1(table1_runs("imdb", "stanfordnlp/imdb", accs)).set_index("fusion")
+    assert table.attrs["published"] == "Table 1, IMDB"
+    for fu, values in accs.items():
+        row, paper = table.loc[fu], PB.TABLE1_IMDB.cells[("sinusoidal", fu)]
+        assert (row.published_mean, row.published_std) == paper
+        assert row.delta_vs_paper == pytest.approx(np.mean(values) - paper[0])
+        assert row.verdict == PB.verdict(values, paper[0])["verdict"]
+        assert row.protocol == "as published"
+    assert list(table.verdict) == ["within", "below", "one seed: no interval"]
+    # A --data-dir folder named `small`, one epoch at 128 tokens: still IMDB's row, marked as a changed protocol.
+    changed = FT.table1(table1_runs("imdb", "small", {"add": [70.0]}, max_len=128, max_epochs=1))
+    row = changed.iloc[0]
+    assert (row.published_mean, row.verdict) == (83.28, "one seed: no interval")
+    assert row.protocol.startswith("changed: ") and "max_len 512→128" in row.protocol
+    assert "max_epochs 20→1" in row.protocol and "data small (not stanfordnlp/imdb)" in row.protocol
+    shown = FM.to_markdown(FT.table1_display(changed, digits=2))
+    assert "83.28 ± 0.15" in shown and "| one seed: no interval |" in shown and "-13.28" in shown
+
+
+def test_agnews_and_arxiv_runs_find_their_tables_and_other_presets_none():
+    agnews = FT.table1(table1_runs("agnews", "ag_news", {"add": [91.0, 91.2]}))
+    assert agnews.attrs["published"] == "Table 1, AG News" and agnews.published_mean.tolist() == [91.15]
+    arxiv = FT.table1(table1_runs("arxiv", "anything", {"concat": [63.0, 64.0]}))
+    assert arxiv.attrs["published"] == "Table 3, ArXiv-11" and arxiv.published_std.tolist() == [2.27]
+    assert "published_mean" not in FT.table1(table1_runs("demo", "synthetic-spread", {"add": [60.0, 61.0]}))

@@ -34,6 +34,9 @@ def test_the_default_search_spaces_are_package_data_found_through_importlib_reso
             args = argparse.Namespace(search_space=None, default_search_space=name, preset=preset)
             assert search_space_path(args) == str(shipped / file), (sweep, preset)
             assert (shipped / file).is_file()
+    for preset in ("agnews", "imdb"):  # the paper's Table 1 cells
+        args = argparse.Namespace(search_space=None, default_search_space="arxiv_grid.yaml", preset=preset)
+        assert search_space_path(args) == str(shipped / f"arxiv_grid_{preset}.yaml")
     mine = argparse.Namespace(search_space="my_space.yaml", default_search_space="lr_batch.yaml", preset="demo")
     assert search_space_path(mine) == "my_space.yaml"
 

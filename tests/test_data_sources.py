@@ -114,3 +114,64 @@ def test_two_sources_at_once_are_refused_naming_the_fix():
     with pytest.raises(ConfigError, match=r"synthetic=True and data_dir='d' name two sources; set synthetic=False "
                                           r"to read the files, or data_dir=None for the synthetic corpus"):
         DataConfig(synthetic=True, data_dir="d")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A validation split drawn per seed (the agnews preset)
+# ---------------------------------------------------------------------------------------------------------
+
+N_TRAIN = 40
+TRAIN_DOCS = [(f"doc{i} w{i % 3} w{i % 7}", "pos" if i % 2 else "neg") for i in range(N_TRAIN)]
+
+
+def notebook_split(seed: int) -> tuple[list[str], list[str]]:
+    """The AG News notebook's draw: a permutation by np.random.default_rng(seed), its first 10 % validation."""
+    order = np.random.default_rng(seed).permutation(N_TRAIN)
+    val = [TRAIN_DOCS[i][0] for i in order[:N_TRAIN // 10]]
+    return [t for t, _ in TRAIN_DOCS if t not in val], val
+
+
+def test_a_hub_dataset_without_validation_gets_each_seeds_own_split_and_vocabulary(tmp_path, monkeypatch):
+    import datasets
+
+    from pefusion.data import readers
+    from pefusion.fusion.config import PRESETS, trial_data
+
+    def load_dataset(name, config):
+        rows = {"train": TRAIN_DOCS, "test": DOCS["test"]}
+        return datasets.DatasetDict({s: datasets.Dataset.from_dict({"text": [t for t, _ in r],
+                                                                     "label": [y for _, y in r]})
+                                     for s, r in rows.items()})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(readers, "hub_reachable", lambda timeout=0: False)
+    base = PRESETS["agnews"]
+    base = base.__class__(model=base.model, train=base.train, data=DataConfig(
+        **{**base.data.__dict__, "cache_dir": str(tmp_path / "cache"), "min_freq": 1}))
+    corpora = {}
+    for seed in (0, 1):
+        cfg = trial_data({"seed": seed}, base)
+        assert cfg.split_seed == seed and cfg.tokenizer_setting.endswith(f"/split{seed}")
+        raw, _ = cfg.source.read()
+        train, val = notebook_split(seed)
+        assert (raw["train"].texts, raw["validation"].texts) == (train, val)
+        corpora[seed] = load_corpus(cfg)
+        assert (len(corpora[seed].train), len(corpora[seed].validation)) == (36, 4)
+    assert corpora[0].cache_key != corpora[1].cache_key  # each seed its own corpus: its own vocabulary
+    assert corpora[0].meta["source"]["split_seed"] == 0
+    # Without the preset's per-seed draw, the hub's fixed seed-0 split and its cache key stay as they were.
+    fixed = DataConfig(**{**base.data.__dict__, "split_per_seed": False})
+    assert "split_seed" not in fixed.source.identity() and "/split" not in fixed.tokenizer_setting
+
+
+def test_a_folder_without_validation_file_is_split_per_seed_only_when_asked(tmp_path):
+    folder = tmp_path / "agnews"
+    folder.mkdir()
+    for split, rows in (("train", TRAIN_DOCS), ("test", DOCS["test"])):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows))
+    with pytest.raises(ConfigError, match="no validation file"):
+        load_corpus(DataConfig(data_dir=str(folder), cache_dir=str(tmp_path / "c")))
+    cfg = DataConfig(data_dir=str(folder), cache_dir=str(tmp_path / "c"), split_per_seed=True, split_seed=3)
+    raw, _ = cfg.source.read()
+    assert (raw["train"].texts, raw["validation"].texts) == notebook_split(3)
+    assert cfg.source.identity()["held_out"] == [3, 0.1]

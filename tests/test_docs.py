@@ -81,3 +81,31 @@ def test_nothing_points_outside_the_repository():
             hits += [f"{path.relative_to(REPO)}:{number}: {what}: {line.strip()[:100]}"
                      for what, pattern in OUTSIDE.items() if pattern.search(line)]
     assert not hits, "\n".join(hits)
+
+
+def _markdown_rows(text: str, header: str) -> dict[str, list[str]]:
+    """The rows of the markdown table whose header line starts with `header`: first cell -> the other cells."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_the_published_tables_in_the_docs_equal_the_codes():
+    """docs/model.md prints the paper's Table 3 and Table 1; the report compares with pefusion.analysis.published."""
+    from pefusion.analysis import published as PB
+
+    text = (REPO / "docs" / "model.md").read_text()
+    fmt = "{:.2f} ± {:.2f}".format
+    table3 = _markdown_rows(text, "| PE | add | concat | gate_scalar | mlp_gate |")
+    pes = list(dict.fromkeys(pe for pe, _ in PB.TABLE3_ARXIV.cells))
+    assert table3 == {pe: [fmt(*PB.TABLE3_ARXIV.cells[(pe, fu)]) for fu in ("add", "concat", "gate_scalar", "mlp_gate")]
+                      for pe in pes}
+    table1 = _markdown_rows(text, "| dataset | add | concat | gate |")
+    assert table1 == {t.dataset: [fmt(*mean_sd) for mean_sd in t.cells.values()]
+                      for t in (PB.TABLE1_AGNEWS, PB.TABLE1_IMDB, PB.TABLE1_ARXIV)}

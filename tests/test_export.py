@@ -215,3 +215,22 @@ def _post(port: int, body: dict, proc: subprocess.Popen, log: Path, timeout_s: f
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=120) as resp:
         return json.loads(resp.read())
+
+
+def test_a_seed_with_its_own_corpus_exports_with_its_own_tokeniser():
+    """agnews draws each seed's split and vocabulary: the parent run holds one tokeniser per seed, and a run's
+    export must read its seed's, not another's."""
+    from pefusion.fusion.export import _tokenizer_folder
+
+    asked = []
+
+    class Client:
+        def list_artifacts(self, run_id, folder):
+            asked.append(folder)
+            return [SimpleNamespace(path=f"{folder}/meta.json")]
+
+    params = {"tokenizer": "whitespace", "max_vocab": "50000", "min_freq": "2", "seed": "3"}
+    for drawn, folder in (("True", "tokenizer/whitespace/50000/2/split3"), ("False", "tokenizer/whitespace/50000/2")):
+        run = SimpleNamespace(info=SimpleNamespace(run_id="r"), data=SimpleNamespace(
+            params={**params, "split_per_seed": drawn}, tags={"mlflow.parentRunId": "p"}))
+        assert _tokenizer_folder(Client(), run) == ("p", folder)

@@ -556,3 +556,77 @@ def test_classifier_equals_paper_model_built_from_torch_modules(pe_type, fusion,
         mask = (~pad).unsqueeze(-1).float()
         expected = (out * mask).sum(1) / mask.sum(1) @ w["head.weight"].T + w["head.bias"]
         torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=0)
+
+
+class NotebookClassifier(nn.Module):
+    """The AG News / IMDB notebook's model as the paper's Table 1 ran it, written from its description: token
+    embedding (padding id 0) × √d, the sinusoidal PE over all max_len positions, add / concat / per-feature gate,
+    post-LN nn.TransformerEncoder with GELU, mean pooling over non-pad tokens, dropout on the pooled vector, then
+    Linear(d, C)."""
+
+    def __init__(self, vocab: int, classes: int, d: int, nhead: int, layers: int, ff: int, max_len: int, fusion: str,
+                 dropout: float = 0.1):
+        super().__init__()
+        self.d, self.fusion = d, fusion
+        self.emb = nn.Embedding(vocab, d, padding_idx=0)
+        pos = torch.arange(max_len, dtype=torch.float32)[:, None]
+        div = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
+        pe = torch.zeros(max_len, d)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
+        self.register_buffer("pe", pe)
+        self.mix = nn.Linear(2 * d, d) if fusion in ("concat", "gate") else None
+        self.encoder = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(d, nhead, ff, dropout, activation="gelu", batch_first=True), layers,
+            enable_nested_tensor=False)
+        self.drop, self.fc = nn.Dropout(dropout), nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pad = x == 0
+        E = self.emb(x) * math.sqrt(self.d)
+        P = self.pe[: x.shape[1]].unsqueeze(0).expand_as(E)
+        if self.fusion == "add":
+            H = E + P
+        elif self.fusion == "concat":
+            H = self.mix(torch.cat([E, P], dim=-1))
+        else:
+            g = torch.sigmoid(self.mix(torch.cat([E, P], dim=-1)))
+            H = g * E + (1 - g) * P
+        H = self.encoder(H, src_key_padding_mask=pad)
+        keep = (~pad).unsqueeze(-1).float()
+        return self.fc(self.drop((H * keep).sum(1) / keep.sum(1).clamp(min=1)))
+
+
+@pytest.mark.parametrize("fusion,notebook", [("add", "add"), ("concat", "concat"), ("gate_vector", "gate")])
+def test_imdb_preset_model_equals_the_notebook_model(fusion, notebook):
+    """The `imdb` preset's model at tiny sizes, the notebook's model above with the same weights: equal logits
+    in eval mode on documents padded to max_len, as the notebook padded them."""
+    from pefusion.fusion.config import PRESETS
+
+    cfg = dataclasses.replace(PRESETS["imdb"].model, d_model=D, nhead=NHEAD, num_layers=LAYERS, dim_ff=FF,
+                              max_len=MAX_LEN, fusion=fusion)
+    assert (cfg.pe_type, cfg.activation, cfg.norm_first, cfg.dropout, cfg.head_dropout) == \
+        ("sinusoidal", "gelu", False, 0.1, 0.1)
+    torch.manual_seed(0)
+    ours = build_model_from_config(cfg, V, C).eval()
+    theirs = NotebookClassifier(V, C, D, NHEAD, LAYERS, FF, MAX_LEN, notebook).eval()
+    w = dict(ours.state_dict())
+    theirs.emb.weight.data.copy_(w["embed.weight"])
+    if theirs.mix is not None:
+        theirs.mix.load_state_dict({"weight": w["fuse.net.weight"], "bias": w["fuse.net.bias"]})
+    for mine, torch_layer in zip(ours.layers, theirs.encoder.layers):
+        torch_layer.load_state_dict(mine.state_dict())
+    theirs.fc.load_state_dict({"weight": w["head.weight"], "bias": w["head.bias"]})
+    x = documents(MAX_LEN, 3, 11, T=MAX_LEN)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-6, rtol=0)
+
+
+def test_head_dropout_drops_the_pooled_vector_in_training_only():
+    """head_dropout is the only dropout here: training draws a fresh mask on the pooled vector (two passes
+    differ), eval leaves it out (logits equal the model's without the key)."""
+    model = tiny_model("sinusoidal", "add", dropout=0.0, head_dropout=0.5)
+    plain = tiny_model("sinusoidal", "add", dropout=0.0)
+    x = documents(8, 4, 12, T=12)
+    with torch.no_grad():
+        assert not torch.allclose(model.train()(x), model(x))
+        torch.testing.assert_close(model.eval()(x), plain.eval()(x), atol=0, rtol=0)

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from ray.tune.search import sample
 
+from pefusion import record as R
 from pefusion.errors import ConfigError
 from pefusion.fusion.config import RULES as PEFUSION_RULES, check_pe_fusion_pairs
 from conftest import pe_fusion_pairs
@@ -22,7 +23,8 @@ def test_every_shipped_file_loads_with_its_rules():
     files = sorted(SPACES.glob("*.yaml"))
     assert {f.stem for f in files} >= set(RULES_OF)
     for f in files:
-        space = load_search_space(f, RULES_OF[f.stem.removesuffix("_demo").removesuffix("_text")])
+        sweep = next(k for k in RULES_OF if f.stem == k or f.stem.startswith(k + "_"))  # <sweep>_<preset>.yaml
+        space = load_search_space(f, RULES_OF[sweep])
         assert len(space) > 0, f
         to_tune(space)  # converts without error
 
@@ -31,6 +33,10 @@ def test_shipped_files_have_the_documented_sizes():
     arxiv = load_search_space(SPACES / "arxiv_grid.yaml", PEFUSION_RULES)
     assert grid_size(arxiv) == 4 * 5 * 5
     assert grid_size(load_search_space(SPACES / "arxiv_grid_demo.yaml", PEFUSION_RULES)) == 4 * 5 * 3
+    for table1 in ("arxiv_grid_agnews.yaml", "arxiv_grid_imdb.yaml"):  # the paper's Table 1 cells, seeds 0-4
+        space = load_search_space(SPACES / table1, PEFUSION_RULES)
+        assert grid_size(space) == 15 and tuple(space[R.SEED].values) == (0, 1, 2, 3, 4)
+        assert set(pe_fusion_pairs(space)) == {("sinusoidal", f) for f in ("add", "concat", "gate_vector")}
     assert grid_size(load_search_space(SPACES / "lambda_cv_demo.yaml", STUDENT_RULES)) == 8 * 2
     assert grid_size(load_search_space(SPACES / "phase_diagram_demo.yaml", STUDENT_RULES)) == 6 * 2 * 4
     assert set(pe_fusion_pairs(arxiv)) == {(p, f) for p in ("sinusoidal", "learned", "rope", "relative")

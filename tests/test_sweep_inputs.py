@@ -91,3 +91,20 @@ def test_unreachable_hub_names_the_three_ways_to_supply_data(tmp_path, cache_dir
                    f"sqlite:///{tmp_path}/mlflow.db"])
     msg = str(err.value)
     assert "--data-dir" in msg and "--preset demo" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("preset", ["agnews", "agnews_imdb"])
+def test_stacking_seeds_that_share_no_data_is_refused_before_ray(in_tmp, cache_dir, preset):
+    """agnews draws each seed's own split and vocabulary (its former name `agnews_imdb` is the same preset)."""
+    import ray
+
+    (in_tmp / "agnews").mkdir()
+    for split in ("train", "test"):
+        (in_tmp / "agnews" / f"{split}.jsonl").write_text('{"text": "a b", "label": 0}\n')
+    grid = load_script("sweeps/arxiv_grid.py")
+    with pytest.raises(ConfigError) as err:
+        grid.main(["--preset", preset, "--data-dir", str(in_tmp / "agnews"), "--cache-dir", str(cache_dir),
+                   "--stack-seeds", "--no-dashboard"])
+    assert "--preset agnews draws each seed's own train/validation split" in str(err.value)
+    assert "drop --stack-seeds" in str(err.value) and "\n" not in str(err.value)
+    assert not ray.is_initialized() and not (in_tmp / "mlflow.db").exists()

@@ -20,20 +20,12 @@ from pefusion import record as R
 from pefusion.analysis.formats import PCT, PP, display, format_mean_std, length_labels
 from pefusion.analysis.runs import (PEFUSION_IDENTITY, RUN_ID, AnalysisError, column, failed, latest_ok,
                                     pefusion_runs, require_metrics)
-from pefusion.fusion.config import FUSIONS, PE_TYPES
+from pefusion.analysis import published as PB
+from pefusion.fusion.config import FUSIONS, PE_TYPES, PRESETS, TOKENIZER_KEYS, flat_config
 
-# The paper's Table 3 (ArXiv-11): test accuracy in %, mean ± std over seeds 0–4.
-ARXIV_TABLE3: dict[tuple[str, str], tuple[float, float]] = {
-    ("sinusoidal", "add"): (59.22, 1.07), ("sinusoidal", "concat"): (63.44, 2.27),
-    ("sinusoidal", "gate_scalar"): (65.73, 4.01), ("sinusoidal", "mlp_gate"): (65.50, 2.31),
-    ("learned", "add"): (62.29, 3.24), ("learned", "concat"): (60.83, 2.77),
-    ("learned", "gate_scalar"): (64.61, 2.83), ("learned", "mlp_gate"): (64.28, 5.08),
-    ("rope", "add"): (58.47, 2.58), ("rope", "concat"): (64.55, 1.82),
-    ("rope", "gate_scalar"): (65.61, 2.81), ("rope", "mlp_gate"): (64.33, 3.67),
-    ("relative", "add"): (62.48, 2.53), ("relative", "concat"): (59.83, 2.11),
-    ("relative", "gate_scalar"): (65.55, 3.15), ("relative", "mlp_gate"): (65.23, 2.34),
-}
-
+# Recorded keys that say where or how fast a trial ran, not what it trained: left out of the protocol comparison.
+_NOT_PROTOCOL = (R.PE_TYPE, R.FUSION, R.SEED, R.DEVICE, R.PRECISION, R.PAD_MULTIPLE, "timing_repeats",
+                 "timing_warmup")
 
 def latest_ok_pefusion(trials: pd.DataFrame) -> pd.DataFrame:
     """One ok PE-fusion run per (dataset, pe_type, fusion, seed): the most recent."""
@@ -49,11 +41,6 @@ def _ordered(values: Iterable[str], canonical: Sequence[str]) -> list[str]:
 def datasets(trials: pd.DataFrame) -> list[str]:
     """The dataset names of the PE-fusion runs, sorted."""
     return sorted(pefusion_runs(trials)[R.DATASET].astype(str).unique())
-
-
-def is_arxiv(dataset: str) -> bool:
-    """True for the paper's ArXiv-11 dataset (any name containing 'arxiv')."""
-    return "arxiv" in str(dataset).lower()
 
 
 def one_dataset(runs: pd.DataFrame) -> str:
@@ -88,9 +75,17 @@ TABLE1_DOC = {
     "lat_ms_mean": "mean over seeds of each run's mean inference latency, ms per sample",
     "lat_ms_std": "sample standard deviation over seeds of each run's mean latency, ms per sample",
     "n_failed": "diverged or errored runs in the cell, excluded from the means",
-    "published_mean": "the paper's Table 3 mean test accuracy, % (ArXiv only)",
-    "published_std": "the paper's Table 3 standard deviation over seeds 0-4, % (ArXiv only)",
+    "published_mean": "the paper's mean test accuracy over its seeds 0-4, % (presets with published numbers)",
+    "published_std": "the paper's standard deviation over its seeds 0-4, %",
+    "delta_vs_paper": "our mean minus the paper's, percentage points",
+    "test_acc_ci95_low": "lower end of the 95 % t-interval of our mean, %",
+    "test_acc_ci95_high": "upper end of the 95 % t-interval of our mean, %",
+    "verdict": "within: the paper's mean lies in our interval; above / below: our whole interval lies above / "
+               "below it; one seed: no interval",
+    "protocol": "'as published', or each recorded setting (and the data) that differs from the preset's",
 }
+PUBLISHED_COLUMNS = ("published_mean", "published_std", "delta_vs_paper", "test_acc_ci95_low", "test_acc_ci95_high",
+                     "verdict", "protocol")
 
 
 def table1(runs: pd.DataFrame) -> pd.DataFrame:
@@ -117,11 +112,51 @@ def table1(runs: pd.DataFrame) -> pd.DataFrame:
             "n_failed": len(failed(all_cell)),
         })
     table = pd.DataFrame(rows, columns=list(TABLE1_COLUMNS))
-    if is_arxiv(dataset):
-        published = [ARXIV_TABLE3.get((pe, fu), (math.nan, math.nan)) for pe, fu in zip(table.pe_type, table.fusion)]
-        table["published_mean"] = [p[0] for p in published]
-        table["published_std"] = [p[1] for p in published]
+    presets = sorted(set(ok[R.PRESET].dropna().astype(str))) if R.PRESET in ok else []
+    paper = PB.for_runs(presets[0] if len(presets) == 1 else None, dataset) if len(presets) <= 1 else None
+    if paper is None:
+        return table
+    extra = []
+    for pe, fu in zip(table.pe_type, table.fusion):
+        cell = ok[(ok[R.PE_TYPE] == pe) & (ok[R.FUSION] == fu)]
+        mean, std = paper.cells.get((pe, fu), (math.nan, math.nan))
+        judged = PB.verdict(cell[R.TEST_ACC].astype(float) * 100, mean)
+        if math.isnan(mean):
+            judged.update(delta=math.nan, verdict=f"not in the paper's {paper.table}")
+        extra.append(dict(zip(PUBLISHED_COLUMNS, (mean, std, judged["delta"], judged["ci95_low"], judged["ci95_high"],
+                                                  judged["verdict"], protocol(cell, presets[0] if presets else None)))))
+    table = pd.concat([table, pd.DataFrame(extra, columns=list(PUBLISHED_COLUMNS))], axis=1)
+    table.attrs["published"] = paper.label
     return table
+
+
+def _same(recorded: Any, expected: Any) -> bool:
+    try:
+        return math.isclose(float(recorded), float(expected), rel_tol=1e-9)
+    except (TypeError, ValueError):
+        return str(recorded) == str(expected)
+
+
+def protocol(cell: pd.DataFrame, preset: str | None) -> str:
+    """'as published' when the runs of `cell` recorded the preset's settings on the preset's data, else what
+    differs: each key with the preset's value and the runs' (`max_len 512→128`), and the data's name when it is
+    not the preset's dataset (a --data-dir folder, another --dataset). Runs that name no preset: 'preset not
+    recorded'."""
+    if preset is None or preset not in PRESETS:
+        return "preset not recorded"
+    base = PRESETS[preset]
+    expected = {**flat_config(base.model, base.train), **{k: getattr(base.data, k) for k in TOKENIZER_KEYS}}
+    changed = []
+    for key, value in expected.items():
+        if key in _NOT_PROTOCOL or key not in cell:
+            continue
+        seen = sorted({str(v) for v in cell[key].dropna() if not _same(v, value)})  # NaN: a run without the key
+        if seen:
+            changed.append(f"{key} {value}→{'/'.join(seen)}")
+    names = sorted(set(cell[R.DATASET].astype(str)) - {base.data.source_name})
+    if names:
+        changed.append(f"data {', '.join(names)} (not {base.data.source_name})")
+    return "changed: " + "; ".join(changed) if changed else "as published"
 
 
 def table1_display(table: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
@@ -133,7 +168,12 @@ def table1_display(table: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
     out = pd.DataFrame({"PE": table.pe_type, "fusion": table.fusion, "seeds": table.n_seeds.astype(str),
                         "test accuracy (%), mean ± SD": pm("test_acc", digits)})
     if "published_mean" in table:
-        out["test accuracy, paper (%)"] = pm("published", 2)
+        out["test accuracy, paper (%), seeds 0–4"] = pm("published", 2)
+        out["ours − paper (pp)"] = ["–" if pd.isna(d) else f"{d:+.{digits}f}" for d in table.delta_vs_paper]
+        out["our 95 % CI (%)"] = ["–" if pd.isna(lo) else f"{lo:.{digits}f} – {hi:.{digits}f}"
+                                  for lo, hi in zip(table.test_acc_ci95_low, table.test_acc_ci95_high)]
+        out["verdict"] = table.verdict
+        out["protocol"] = table.protocol
     out["parameters"] = ["–" if pd.isna(p) else f"{p:,.0f}" for p in table.params_mean]
     out["latency (ms / sample)"] = pm("lat_ms", 3)
     out["failed runs"] = table.n_failed.astype(str)

@@ -246,8 +246,10 @@ def _pefusion_sections(trials: pd.DataFrame, out: Path, baseline: str,
         summary, _ = FT.paired_deltas(runs, baseline)
         buckets = FT.length_bucket_summary(runs)
         parts.append(f"<h2>Dataset {html.escape(dataset)}</h2>")
-        paper = " The paper's Table 3 (2 decimals, as published) stands beside ours." \
-            if "published_mean" in table else ""
+        paper = (f" The paper's {table.attrs['published']} (2 decimals, as published) stands beside ours, with "
+                 f"our mean's 95 % t-interval and a verdict: within when the paper's mean lies in it, above or "
+                 f"below when our whole interval does; the protocol column names every recorded setting, and the "
+                 f"data, that differ from the preset's.") if "published_mean" in table else ""
         parts.append("<h3>Table 1</h3>")
         parts.append(_table_html(FT.table1_display(table), "Test accuracy in %, mean ± sample standard deviation "
                                  f"(SD, ddof = 1) over seeds; latency in ms per sample, mean ± SD over seeds.{paper}"))

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from pefusion.cli.flags import (add_data_flags, add_grid_flags, add_preset_flag, add_search_flags, add_sweep_flags,
                                 run_main, sweep_options)
-from pefusion.fusion.config import PRESETS
+from pefusion.fusion.config import PRESET_ALIASES, PRESETS
 from pefusion.record import PEFUSION_EXPERIMENT
 from pefusion.sweep.options import SweepOptions
 
@@ -66,6 +66,8 @@ def _parse_sweep(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
     """The flags, and the options every sweep shares, checked without a study (a bad --gpus-per-trial or
     --cpus-per-trial ends here in one line, before torch or Ray load)."""
     args = parser.parse_args(argv)
+    if getattr(args, "preset", None) in PRESET_ALIASES:  # a former name runs, and is recorded, as the preset it names
+        args.preset = PRESET_ALIASES[args.preset]
     return args, sweep_options(args, sweep, argv)
 
 

@@ -15,7 +15,7 @@ from pefusion.errors import ConfigError
 from pefusion.fusion.config import PRESETS, RULES, Preset, check_pe_fusion_pairs, smoke_budget
 from pefusion.sweep.console import counted
 from pefusion.sweep.options import SweepOptions
-from pefusion.sweep.space import SearchSpace, load_search_space
+from pefusion.sweep.space import SearchSpace, Stack, load_search_space
 
 if TYPE_CHECKING:  # torch and Ray load when a sweep runs, after its inputs are checked (`--help` needs neither)
     import pandas as pd
@@ -69,6 +69,10 @@ def run_arxiv_grid(args: argparse.Namespace, opts: SweepOptions) -> int:
     """The PE × fusion × seed grid: every trial to its own early stop, then Table 1."""
     preset = resolve_preset(args)
     space = _load_space(args, opts, preset)
+    if preset.data.split_per_seed and (opts.stack or isinstance(space.get(R.SEED), Stack)):
+        raise ConfigError(f"--preset {args.preset} draws each seed's own train/validation split and vocabulary, so "
+                          f"its seeds share no data to train as one batched model: drop --stack-seeds (and any "
+                          f"'stack' of seed in the search space)")
     from pefusion.fusion.study import pefusion_study
     from pefusion.sweep.driver import plan_sweep, run_sweep
 

@@ -13,6 +13,8 @@ DEFAULT_LENGTH_EDGES = (512, 1024, 2048, 4096)
 TOKENIZERS = ("whitespace", "words", "wordpiece", "bpe")
 # The DataConfig fields a search space may set or search, one token-id corpus per distinct combination.
 TOKENIZER_KEYS = ("tokenizer", "max_vocab", "min_freq")
+# Recorded with every trial: whether its validation split (and so its corpus) was drawn by its own seed.
+SPLIT_PER_SEED = "split_per_seed"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,10 @@ class DataConfig:
     synthetic_test: int = 500
     synthetic_seed: int = 0
     synthetic_task: str = "order"  # which synthetic task (pefusion.data.synthetic.TASKS)
+    # A source without a validation split (AG News) holds out 10 % of train: with split_per_seed, drawn by each
+    # trial's seed (`split_seed`, set per trial), so each seed has its own split and vocabulary: its own corpus.
+    split_per_seed: bool = False
+    split_seed: int = 0
 
     def __post_init__(self) -> None:
         for key in ("max_len", "min_freq", "max_vocab", "synthetic_train", "synthetic_val", "synthetic_test"):
@@ -58,8 +64,10 @@ class DataConfig:
 
     @property
     def tokenizer_setting(self) -> str:
-        """The tokeniser settings as one short label, e.g. 'words/50000/2': which corpus a trial reads."""
-        return "/".join(str(getattr(self, k)) for k in TOKENIZER_KEYS)
+        """The tokeniser settings as one short label, e.g. 'words/50000/2' ('.../split3' when the validation
+        split is drawn per seed): which corpus a trial reads."""
+        return corpus_label(*(getattr(self, k) for k in TOKENIZER_KEYS),
+                            split_seed=self.split_seed if self.split_per_seed else None)
 
     @property
     def source(self) -> Source:
@@ -72,12 +80,20 @@ class DataConfig:
         return self.source.name
 
 
+def corpus_label(tokenizer: str, max_vocab: int | str, min_freq: int | str, split_seed: int | str | None = None) -> str:
+    """`DataConfig.tokenizer_setting` from its parts (also from a run's recorded params): which corpus a trial read,
+    and the folder of its tokeniser files on the sweep's parent run."""
+    label = f"{tokenizer}/{max_vocab}/{min_freq}"
+    return label if split_seed is None else f"{label}/split{split_seed}"
+
+
 def source_of(cfg: DataConfig) -> Source:
     """The source `cfg` names (`pefusion.data.sources`): `synthetic=True`, else `data_dir`, else the Hugging Face
     dataset `dataset`."""
     if cfg.synthetic:
         return SyntheticCorpus(cfg.synthetic_task, (cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_test),
                                cfg.synthetic_seed)
+    split = cfg.split_seed if cfg.split_per_seed else None
     if cfg.data_dir:
-        return LocalFolder(cfg.data_dir, cfg.text_column, cfg.label_column)
-    return HubDataset(cfg.dataset, cfg.dataset_config, cfg.text_column, cfg.label_column)
+        return LocalFolder(cfg.data_dir, cfg.text_column, cfg.label_column, split)
+    return HubDataset(cfg.dataset, cfg.dataset_config, cfg.text_column, cfg.label_column, split)

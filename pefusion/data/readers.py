@@ -91,6 +91,18 @@ def clean_split(texts: Sequence[Any], labels: Sequence[Any], origin: str) -> Raw
     return RawSplit(keep_t, keep_l, origin, dropped_empty=len(texts) - len(keep_t))
 
 
+def hold_out(train: RawSplit, seed: int, fraction: float = HUB_VALIDATION_FRACTION) -> tuple[RawSplit, RawSplit]:
+    """(train, validation): a permutation of `train` by np.random.default_rng(seed), its first `fraction` the
+    validation split, the rest (in the file's order) the training split — the AG News notebook's per-seed draw."""
+    n = len(train.texts)
+    order = np.random.default_rng(seed).permutation(n)
+    n_val = int(fraction * n)
+    val, keep = order[:n_val], np.sort(order[n_val:])
+    origin = f"{train.origin} (seed {seed}'s {100 * fraction:.0f} % held out)"
+    return (RawSplit([train.texts[i] for i in keep], [train.labels[i] for i in keep], origin, train.dropped_empty),
+            RawSplit([train.texts[i] for i in val], [train.labels[i] for i in val], origin))
+
+
 @dataclass(frozen=True)
 class DataFileName:
     """A data file's name taken apart: test-00000-of-00002.csv.gz -> stem "test-00000-of-00002", ext ".csv"
@@ -262,10 +274,10 @@ def _read_table(path: Path, fmt: str, text_col: str, label_col: str) -> tuple[li
     return frame[text_col].tolist(), frame[label_col].tolist()
 
 
-def find_split_files(data_dir: Path) -> dict[str, list[Path]]:
+def find_split_files(data_dir: Path, optional: Sequence[str] = ()) -> dict[str, list[Path]]:
     """The file(s) of each split in `data_dir`, found by name prefix: train.jsonl, train_clean.jsonl,
     validation.csv, val.parquet, test.jsonl.gz, test-00000-of-00002.parquet (shards are concatenated in name
-    order)."""
+    order). A split in `optional` may have no file (it is then left out)."""
     if not data_dir.is_dir():
         raise DataError(f"data directory {str(data_dir)!r} does not exist; {SUPPLY_HINT}")
     named = {p: data_file_name(p) for p in data_dir.iterdir() if p.is_file()}
@@ -273,6 +285,8 @@ def find_split_files(data_dir: Path) -> dict[str, list[Path]]:
     for split, aliases in SPLIT_ALIASES.items():
         pattern = re.compile(rf"^({'|'.join(aliases)})([._-].*)?$", re.IGNORECASE)
         files = sorted(p for p, name in named.items() if name and pattern.match(name.stem))
+        if not files and split in optional:
+            continue
         if not files:
             raise DataError(f"no {split} file in {data_dir} (expected e.g. {split}.jsonl, {split}_clean.jsonl, "
                             f"{split}.csv, {split}.parquet or {split}.jsonl.gz)")

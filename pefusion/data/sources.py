@@ -21,7 +21,7 @@ from typing import Any
 from pefusion.data import readers
 from pefusion.data import synthetic as synthetic_corpus
 from pefusion.data.readers import (HUB_VALIDATION_FRACTION, SPLIT_ALIASES, SUPPLY_HINT, DataError, RawSplit,
-                                   clean_split, find_split_files, read_data_file)
+                                   clean_split, find_split_files, hold_out, read_data_file)
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,16 @@ class SyntheticCorpus(Source):
 
 @dataclass(frozen=True)
 class LocalFolder(Source):
-    """A directory of train/validation/test JSONL, CSV or Parquet files (`readers.find_split_files`)."""
+    """A directory of train/validation/test JSONL, CSV or Parquet files (`readers.find_split_files`). With
+    `split_seed`, a folder without a validation file gets `readers.hold_out` of its training file for that seed."""
 
     data_dir: str
     text_column: str
     label_column: str
+    split_seed: int | None = None
+
+    def _files(self) -> dict[str, list[Path]]:
+        return find_split_files(Path(self.data_dir), optional=("validation",) if self.split_seed is not None else ())
 
     @property
     def name(self) -> str:
@@ -83,43 +88,50 @@ class LocalFolder(Source):
 
     def read(self) -> Read:
         raw = {}
-        for split, paths in find_split_files(Path(self.data_dir)).items():
+        for split, paths in self._files().items():
             texts, labels = [], []
             for path in paths:
                 t, y = read_data_file(path, self.text_column, self.label_column)
                 texts += t
                 labels += y
             raw[split] = clean_split(texts, labels, ", ".join(map(str, paths)))
+        if "validation" not in raw:
+            raw["train"], raw["validation"] = hold_out(raw["train"], self.split_seed)
         return raw, None
 
     def identity(self) -> dict[str, Any]:
         # Paths, sizes and modification times: an edited or replaced file is a new corpus.
-        stamp = []
-        for split, paths in find_split_files(Path(self.data_dir)).items():
+        stamp, files = [], self._files()
+        for split, paths in files.items():
             for p in paths:
                 st = p.stat()
                 stamp.append([split, str(p.resolve()), st.st_size, st.st_mtime_ns])
-        return {"kind": "local", "files": stamp, "columns": [self.text_column, self.label_column]}
+        drawn = {} if "validation" in files else {"held_out": [self.split_seed, HUB_VALIDATION_FRACTION]}
+        return {"kind": "local", "files": stamp, "columns": [self.text_column, self.label_column], **drawn}
 
 
 @dataclass(frozen=True)
 class HubDataset(Source):
     """A Hugging Face dataset (`datasets.load_dataset`: a hub name or a local dataset directory). The hub is probed
     first, so that a machine without internet reads the local Hugging Face cache at once instead of waiting out
-    the client's retries; a dataset without a validation split gets HUB_VALIDATION_FRACTION of train."""
+    the client's retries; a dataset without a validation split gets HUB_VALIDATION_FRACTION of train: drawn with
+    seed 0 by `datasets`' train_test_split, or with `split_seed` by `readers.hold_out` (one draw per seed)."""
 
     dataset: str
     config: str | None
     text_column: str
     label_column: str
+    split_seed: int | None = None
 
     @property
     def name(self) -> str:
         return self.dataset
 
     def identity(self) -> dict[str, Any]:
+        drawn = {} if self.split_seed is None else {"split_seed": self.split_seed}
         return {"kind": "hub", "dataset": self.dataset, "config": self.config,
-                "columns": [self.text_column, self.label_column], "validation_fraction": HUB_VALIDATION_FRACTION}
+                "columns": [self.text_column, self.label_column], "validation_fraction": HUB_VALIDATION_FRACTION,
+                **drawn}
 
     def read(self) -> Read:
         import datasets
@@ -143,7 +155,7 @@ class HubDataset(Source):
             raise DataError(f"{where} has splits {', '.join(dsd)}; it needs train and test (and optionally "
                             f"validation)")
         parts = {split: dsd[name] for split, name in names.items() if name is not None}
-        if names["validation"] is None:
+        if names["validation"] is None and self.split_seed is None:
             # Fixed seed: every trial and every later run sees the same held-out documents.
             held = parts["train"].train_test_split(test_size=HUB_VALIDATION_FRACTION, seed=0, shuffle=True)
             parts["train"], parts["validation"] = held["train"], held["test"]
@@ -161,6 +173,10 @@ class HubDataset(Source):
             texts, labels = (readers.arrow_values(table.column(c), origin, c)
                              for c in (self.text_column, self.label_column))
             raw[split] = clean_split(texts, labels, origin)
+        if "validation" not in raw:
+            raw["train"], raw["validation"] = hold_out(raw["train"], self.split_seed)
+            log.info("%s has no validation split: holding out %.0f%% of train drawn with seed %d", where,
+                     100 * HUB_VALIDATION_FRACTION, self.split_seed)
         feature = parts["train"].features[self.label_column]
         label_names = tuple(feature.names) if isinstance(feature, datasets.ClassLabel) else None
         return raw, label_names

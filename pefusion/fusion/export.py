@@ -33,7 +33,7 @@ import torch
 from pefusion import record as R
 from pefusion.data.batching import iter_batches
 from pefusion.data.cache import META_FILE
-from pefusion.data.config import TOKENIZER_KEYS
+from pefusion.data.config import SPLIT_PER_SEED, TOKENIZER_KEYS, corpus_label
 from pefusion.data.corpus import TextEncoder
 from pefusion.data.encoded import EncodedSplit
 from pefusion.errors import ConfigError
@@ -166,7 +166,8 @@ def _tokenizer_folder(client: Any, run: Any) -> tuple[str, str]:
     if not parent or missing:
         raise ExportError(f"run {run_id} has no sweep parent run or no tokeniser params ({', '.join(missing)}): "
                           f"it was not made by a pefusion sweep")
-    folder = f"{R.ARTIFACT_TOKENIZER_DIR}/" + "/".join(params[k] for k in TOKENIZER_KEYS)
+    drawn = params[R.SEED] if params.get(SPLIT_PER_SEED) == "True" else None  # each seed its own corpus
+    folder = f"{R.ARTIFACT_TOKENIZER_DIR}/" + corpus_label(*(params[k] for k in TOKENIZER_KEYS), split_seed=drawn)
     if META_FILE not in {Path(a.path).name for a in client.list_artifacts(parent, folder)}:
         raise ExportError(f"run {run_id}: its sweep (parent run {parent}) recorded no tokeniser in {folder}; "
                           f"resume the sweep (its command with --resume, where its data is) to record it")

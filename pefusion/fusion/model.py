@@ -3,7 +3,7 @@
     E = Embedding(V, d, padding_idx=0)(x) · √d          # (B, T, d)
     H = fuse(E, P)                                      # P (1, T, d) from the input PE
     H = EncoderLayer^L(H, key padding mask x == 0)      # nn.TransformerEncoderLayer semantics
-    logits = Linear(d, C)(mean of H over non-pad tokens)
+    logits = Linear(d, C)(Dropout(mean of H over non-pad tokens))   # head_dropout, 0 unless the preset sets it
 
 `EncoderLayer` has exactly the parameters of nn.TransformerEncoderLayer (same names, so state_dicts are
 interchangeable) but runs attention through F.scaled_dot_product_attention, with hooks for the attention-level
@@ -120,6 +120,7 @@ class PEFusionClassifier(nn.Module):
         )
         self.final_norm = LayerNorm(d) if config.final_norm else None
         self.embed_dropout = Dropout(config.embed_dropout) if config.embed_dropout > 0 else None
+        self.head_dropout = Dropout(config.head_dropout) if config.head_dropout > 0 else None
         self.head = Linear(d, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -153,6 +154,8 @@ class PEFusionClassifier(nn.Module):
             h = self.final_norm(h)
         keep = (~pad).unsqueeze(-1).to(h.dtype)  # (B, T, 1)
         pooled = (h * keep).sum(dim=-2) / keep.sum(dim=-2).clamp(min=1.0)  # (B, d)
+        if self.head_dropout is not None:
+            pooled = self.head_dropout(pooled)
         return self.head(pooled)
 
 

@@ -21,7 +21,7 @@ from pefusion.analysis.fusion_tables import table1
 from pefusion.analysis.runs import RUN_ID, START_TIME
 from pefusion.analysis.search import budget_summary, search_table
 from pefusion.data.cache import cache_root, tokenizer_files
-from pefusion.data.config import TOKENIZER_KEYS, DataConfig
+from pefusion.data.config import SPLIT_PER_SEED, TOKENIZER_KEYS, DataConfig
 from pefusion.data.corpus import load_corpus
 from pefusion.data.encoded import EncodedCorpus
 from pefusion.fusion.config import Preset, flat_config, trial_data
@@ -71,8 +71,8 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         sweep=sweep, preset=preset_name, experiment=R.PEFUSION_EXPERIMENT, space=space,
         trainable=trainable or pefusion_trainable, ship=ship, csv=csv_ready,
         check_point=lambda point: check_trial_config(point, preset),
-        static_params={R.DATASET: dataset, **flat_config(preset.model, preset.train),
-                       **{k: getattr(preset.data, k) for k in TOKENIZER_KEYS}},
+        static_params={R.DATASET: dataset, R.PRESET: preset_name, **flat_config(preset.model, preset.train),
+                       **{k: getattr(preset.data, k) for k in (*TOKENIZER_KEYS, SPLIT_PER_SEED)}},
         identity={R.PE_TYPE: preset.model.pe_type, R.FUSION: preset.model.fusion, R.SEED: preset.train.seed,
                   R.DATASET: dataset},
         sort_keys=(R.PE_TYPE, R.FUSION, R.SEED, "lr", "batch_size"), run_name=trial_run_name,
