@@ -3,7 +3,7 @@
 A point's time is its fixed part (the data, the linear baseline, the test) plus its fit's steps, each a full
 batch over its n = α·d samples for every replica it fits at once (λ-CV: |λ grid| × (folds + 1); a phase-diagram
 point: both initialisations; a λ of a λ search: folds + 1). The sweep's largest point is run as its trial runs it,
-with 2 and with 2 + `STEPS` fit steps: the difference is `STEPS` steps, the rest the fixed part. Another point's
+with 2 and with 2 + `STEPS` fit steps, after an untimed warm-up run: the difference is `STEPS` steps, the rest the fixed part. Another point's
 steps are scaled by n · d · replicas, what a step's two matmuls grow with.
 """
 from __future__ import annotations
@@ -47,6 +47,9 @@ def time_points(device_type: str, *, sweep: str, points: Sequence[dict[str, Any]
     largest = max(range(len(points)), key=size.__getitem__)
     point, grid, folds = configs[largest]
     torch.set_num_threads(threads)  # (the engine restores the driver's)
+    # The first run pays the process's one-time costs (lazy imports, allocator warm-up: ~1 s, more than STEPS steps
+    # of a small point), which would make the 2-step run the slower one and the step's time zero: it is not timed.
+    run_point(sweep, dataclasses.replace(point, iters=2), grid, folds)
     took = []
     for iters in (2, 2 + STEPS):
         start = time.perf_counter()
