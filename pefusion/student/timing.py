@@ -3,7 +3,8 @@
 A point's time is its fixed part (the data, the linear baseline, the test) plus its fit's steps, each a full
 batch over its n = α·d samples for every replica it fits at once (λ-CV: |λ grid| × (folds + 1); a phase-diagram
 point: both initialisations; a λ of a λ search: folds + 1). The sweep's largest point is run as its trial runs it,
-with 2 and with 2 + `STEPS` fit steps, after an untimed warm-up run: the difference is `STEPS` steps, the rest the fixed part. Another point's
+with 2 and with 2 + k fit steps after an untimed warm-up run (k from `STEPS`, ×4 until the k steps take
+`MIN_SPAN_S`): the difference is k steps, the rest the fixed part. Another point's
 steps are scaled by n · d · replicas, what a step's two matmuls grow with.
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pefusion.student.config import StudentConfig, StudentPreset, point_config
 from pefusion.student.cv import PHASE_INITS, run_cv_point, run_phase_point
 from pefusion.sweep.plan import Timing
 
-STEPS = 20  # the fit steps timed, beyond the 2 of the fixed part's run
+STEPS = 20  # the fit steps first timed, beyond the 2 of the fixed part's run; ×4 until they take MIN_SPAN_S
+MIN_SPAN_S = 0.25
 
 
 def replicas(sweep: str, grid: Sequence[float], folds: int) -> int:
@@ -40,23 +42,29 @@ def run_point(sweep: str, point: StudentConfig, grid: Sequence[float], folds: in
 
 def time_points(device_type: str, *, sweep: str, points: Sequence[dict[str, Any]], preset: StudentPreset,
                 threads: int) -> Timing:
-    """Every point's seconds, from the largest one run with 2 and 2 + STEPS fit steps on this CPU with `threads`
+    """Every point's seconds, from the largest one run with 2 and 2 + k fit steps on this CPU with `threads`
     torch threads (student trials run on CPUs only: `device_type` is 'cpu')."""
     configs = [point_config(p, preset) for p in points]
     size = [c.n * c.d * replicas(sweep, grid, folds) for c, grid, folds in configs]
     largest = max(range(len(points)), key=size.__getitem__)
     point, grid, folds = configs[largest]
     torch.set_num_threads(threads)  # (the engine restores the driver's)
-    # The first run pays the process's one-time costs (lazy imports, allocator warm-up: ~1 s, more than STEPS steps
+    # The first run pays the process's one-time costs (lazy imports, allocator warm-up: ~1 s, more than many steps
     # of a small point), which would make the 2-step run the slower one and the step's time zero: it is not timed.
     run_point(sweep, dataclasses.replace(point, iters=2), grid, folds)
-    took = []
-    for iters in (2, 2 + STEPS):
+
+    def timed(iters: int) -> float:
         start = time.perf_counter()
         run_point(sweep, dataclasses.replace(point, iters=iters), grid, folds)
-        took.append(time.perf_counter() - start)
-    step = max(took[1] - took[0], 0.0) / STEPS
-    fixed = max(took[0] - 2 * step, 0.0)
+        return time.perf_counter() - start
+
+    base, steps = timed(2), STEPS
+    # A small point's step is well under a millisecond: its steps are timed over at least MIN_SPAN_S, or a run's
+    # noise (tens of ms) would be the difference.
+    while (took := timed(2 + steps)) - base < MIN_SPAN_S and 2 + steps < point.iters:
+        steps = min(4 * steps, point.iters - 2)
+    step = max(took - base, 0.0) / steps
+    fixed = max(base - 2 * step, 0.0)
     seconds = tuple(fixed + c.iters * step * s / size[largest] for (c, _, _), s in zip(configs, size))
     most = max(c.iters for c, _, _ in configs)
     what = (f"alpha {point.alpha:g} (n {point.n}), d {point.d}, "
