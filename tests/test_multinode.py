@@ -305,3 +305,29 @@ def test_auto_measures_on_the_clusters_gpu_node_from_a_driver_without_one(monkey
     assert tags[R.TAG_GPUS_PER_TRIAL] == "0.25"
     assert tags[R.TAG_GPUS_AUTO].startswith("0.25 GPU per trial, 4 trials per card: the largest of 2 trials peaks ")
     assert tags[R.TAG_GPUS_AUTO].endswith(f"on {CARD_KIND} card); measured on {CARD_KIND} card on node {worker.node_id}")
+
+
+def test_the_dashboard_of_a_cluster_the_gpu_probe_joined_first_is_still_printed(monkeypatch, capsys):
+    """`--gpus-per-trial auto` joins the cluster (for its probe) before the sweep starts Ray: the sweep still
+    prints the joined cluster's dashboard, the URL Ray gave when it joined."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from pefusion.sweep import cluster as joining
+    from pefusion.sweep.options import SweepOptions
+    from pefusion.sweep.tuner import start_cluster
+
+    temp = Path(tempfile.mkdtemp(prefix="pfn-"))
+    monkeypatch.setenv("RAY_TMPDIR", str(temp))
+    own = Cluster()
+    try:
+        own.add_node(num_cpus=1, gcs_server_port=free_port(), dashboard_agent_listen_port=free_port(),
+                     include_dashboard=True, dashboard_port=free_port(), dashboard_host="127.0.0.1")
+        url = joining.join(own.address, 0)  # as the probe joins
+        assert url.startswith("http://127.0.0.1:")
+        start_cluster(SweepOptions(sweep="arxiv_grid", experiment="pe-fusion", address=own.address, name="d", gpus_per_trial=0))
+        assert f"Ray dashboard: {url}" in capsys.readouterr().out
+    finally:
+        ray.shutdown()
+        own.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)

@@ -441,3 +441,32 @@ def test_full_reproduction():
     report = reproduction_report()
     failed = [row for row in report["checks"] if not row["pass"]]
     assert not failed, failed
+
+
+# A small phase map at the demo's settings (the demo itself, through Ray, is the slow test in test_sweeps.py)
+SMALL_MAP_ALPHAS, SMALL_MAP_SEEDS, THEORY_ALPHA_C_02 = (0.5, 0.75, 1.0, 1.25), (0, 1), 0.947
+
+
+def test_a_small_map_at_the_demo_settings_changes_once_near_the_theorys_alpha_c():
+    """The phase diagram demo preset's students (its d, GD steps and test size) at ω 0.2, λ 0.01, α 0.5-1.25 and
+    two seeds, run directly: the seed-mean training-loss gap changes sign once along α, from positional to
+    semantic, within 0.2 of the d → ∞ α_c(0.2) = 0.947 (docs/theory.md), and the points' calls change at most
+    once. The demo's earlier settings (d = 200, 1 500 steps) changed sign twice here, at 0.53 and 0.83."""
+    import pandas as pd
+
+    from pefusion.analysis import student_tables as ST
+    from pefusion.student.cv import run_phase_point
+
+    point = dict(C.PHASE_PRESETS["demo"].point)
+    sigma = point.pop("sigma")
+    point.pop("omega")
+    rows = pd.DataFrame([run_phase_point(alpha, 0.2, sigma, 0.01, seed, **point)
+                         for alpha in SMALL_MAP_ALPHAS for seed in SMALL_MAP_SEEDS])
+    deltas = pd.DataFrame({"source": ST.SOURCE_PHASE, R.ALPHA: rows[R.ALPHA], R.OMEGA: rows[R.OMEGA],
+                           R.SIGMA: rows[R.SIGMA], R.D: rows[R.D], ST.LAM_FIXED: rows[R.LAMBDA],
+                           R.SEED: rows[R.SEED], "delta_eps_g": 0.0,
+                           "delta_eps_t": rows["eps_t_positional"] - rows["eps_t_semantic"]})
+    crossing = ST.crossing_alphas(deltas, draws=200).iloc[0]
+    assert crossing.sign_changes.count("(") == 1 and crossing.sign_changes.endswith("(−+)"), crossing.sign_changes
+    assert crossing.n_call_changes <= 1
+    assert abs(crossing.alpha_c_estimate - THEORY_ALPHA_C_02) < 0.2, crossing.alpha_c_estimate

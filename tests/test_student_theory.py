@@ -5,7 +5,8 @@ branch structure, α_c(0.3) and the order of the training losses around it, cont
 depend on the others asked for), the cache (keyed by every setting and the algorithm's version) and the command
 line; opt-in (slow): the issue's curve α 0.6-2.0 (no holes, smooth, the semantic branch's end documented) and,
 at α 0.6, 0.8, 1.0, 1.2, 1.5 and 2.0 on both branches, doubling the nodes and an independent quasi-Monte Carlo
-fixed point."""
+fixed point; at ω 0.2, where the positional branch ends (a pitchfork near α 1.82) and the solution the d = 1000 fits
+follow past it."""
 from __future__ import annotations
 
 import dataclasses
@@ -582,20 +583,69 @@ def test_at_six_alphas_doubling_the_nodes_and_an_independent_fixed_point_move_ep
 
 
 # ---------------------------------------------------------------------------------------------------------
-# ω = 0.2: the positional branch past α ≈ 1.6 (docs/theory.md#the-positional-branch-at-omega-0-2)
+# ω = 0.2: where the positional branch ends (docs/theory.md, "The positional branch at ω = 0.2")
 # ---------------------------------------------------------------------------------------------------------
+
+
+def _symmetric_solution_m_eigenvalue(alpha: float) -> float:
+    """At ω = 0.2, the symmetric solution θ = m = 0 (its q and V solved here by a plain 2-D Newton on the
+    library's map) and its stability in m: ∂F_m/∂m − 1, by a one-sided difference (F_m is odd in m there, the
+    teacher's A being symmetric). Positive: m grows away from 0 under the map, so a branch with m ≠ 0 exists."""
+    from pefusion.student.theory.channel import make_params
+    from pefusion.student.theory.fixed_point import evaluate
+    from pefusion.student.theory.quadrature import OuterRule
+
+    solver = TH.Solver()
+    outer = OuterRule.gauss_hermite(solver.nodes, solver.quadrature)
+    p = make_params([alpha], [SIGMA], [LAM], [0.2], ["default"])
+
+    def F(q: float, m: float, V: float) -> np.ndarray:
+        x = torch.tensor([[q], [m], [0.0], [V]], dtype=torch.float64)
+        return evaluate(x, p, outer, solver, None).new[:, 0].numpy()
+
+    qv = np.array([0.10, 23.0])
+    for _ in range(8):
+        G = F(qv[0], 0.0, qv[1])[[0, 3]] - qv
+        if np.abs(G).max() < 1e-9:
+            break
+        J = np.empty((2, 2))
+        for j in range(2):
+            moved = qv.copy()
+            moved[j] += 1e-4 * qv[j]
+            J[:, j] = (F(moved[0], 0.0, moved[1])[[0, 3]] - moved - G) / (1e-4 * qv[j])
+        qv = qv - np.linalg.solve(J, G)
+    assert np.abs(G).max() < 1e-7, G
+    delta = 1e-3
+    return float(F(qv[0], delta, qv[1])[1]) / delta - 1
+
+
+@pytest.mark.slow  # ~1 min: the continuation from its anchor at α = 1 to 1.85, two symmetric solutions
+def test_the_omega_0_2_positional_branch_ends_where_the_symmetric_solution_becomes_stable():
+    """At σ 0.5, λ 0.01, ω 0.2 the positional branch is followed past α 1.65 (where Newton used to cycle on the
+    switches' noise and the continuation reported it ended) with m falling ever faster, and ends between α 1.80
+    and 1.85 at a pitchfork: m → 0 where the symmetric solution θ = m = 0 turns stable in m, its eigenvalue
+    ∂F_m/∂m − 1 crossing zero in that same interval. Past it, at α 1.85 and 2, there is no positional branch."""
+    alphas = [1.65, 1.75, 1.8, 1.85, 2.0]
+    n = len(alphas)
+    got = TH.Continuation().solve(alphas, ["positional"] * n, [SIGMA] * n, [LAM] * n, [0.2] * n, ["default"] * n)
+    assert got["status"].tolist() == ["converged"] * 3 + ["branch_ended"] * 2, got
+    m = got["m"].to_numpy()[:3]
+    assert m.tolist() == pytest.approx([0.1996, 0.1825, 0.1546], abs=0.002)
+    assert (got["theta"].to_numpy()[:3] == 0).all()
+    assert _symmetric_solution_m_eigenvalue(1.8) > 0.005
+    assert _symmetric_solution_m_eigenvalue(1.85) < -0.005
+
 
 OMEGA_02_ALPHAS = (1.75, 2.0)
 
 
 @pytest.mark.slow  # ~1 min on a loaded core: the authors' damped iteration at two α
-def test_the_omega_0_2_positional_branch_at_alpha_1_75_and_2():
-    """The theory's answer past the continuation's end (docs/theory.md#the-positional-branch-at-ω-02): the
-    authors' damped iteration x <- 0.8 x + 0.2 F(x) on the tensor Gauss-Hermite rule, each proximal step
-    starting where the last one ended, settles from their positional start at α 1.75 and 2 on a positional
-    fixed point (θ = 0, m ≈ 0.2375), the d = 1000 fits' m (0.2396 at α 2); with every proximal step from (0, 0),
-    as the solver's map takes it, that state is not a fixed point (m moves to ≈ 0.216): the two proximal minima
-    differ there, which is why the continuation loses the branch."""
+def test_the_d1000_fits_at_omega_0_2_follow_the_warm_started_positional_solution():
+    """The d = 1000 fits at ω 0.2 stay positional to α = 2 with m ≈ 0.24, past the branch's end: the authors'
+    damped iteration x <- 0.8 x + 0.2 F(x) on the tensor Gauss-Hermite rule, each proximal step starting where
+    the last one ended, settles from their positional start at α 1.75 and 2 on a positional fixed point (θ = 0,
+    m ≈ 0.2375), the fits' m (0.2396 at α 2); with every proximal step from (0, 0), as the solver's map takes it,
+    that state is not a fixed point (m moves to ≈ 0.216): the two proximal minima differ there."""
     from pefusion.student.theory.channel import channel, make_params, prior, valid
     from pefusion.student.theory.continuation import BRANCH_START, approach
     from pefusion.student.theory.quadrature import Quadrature

@@ -18,19 +18,26 @@ UNLABELLED = "unlabelled GPU"
 PROBE_WAIT_S = 600
 
 
+# The dashboard's URL of each cluster this process joined: the GPU probe may join before the sweep starts Ray,
+# and the sweep still prints the URL.
+_DASHBOARDS: dict[str, str] = {}
+
+
 def join(address: str, verbose: int) -> str:
-    """Join the Ray cluster at `address` (nothing if this process already has Ray); returns the dashboard's URL."""
+    """Join the Ray cluster at `address` (nothing if this process already has Ray); returns the dashboard's URL
+    (the one it got when it joined, if it already had; "" for a Ray this process started otherwise)."""
     import ray
 
     if ray.is_initialized():
-        return ""
+        return _DASHBOARDS.get(address, "")
     try:
         ctx = ray.init(address=address, log_to_driver=verbose > 1, configure_logging=True, logging_level="WARNING")
     except (ConnectionError, RuntimeError) as exc:
         raise ConfigError(f"cannot join the Ray cluster at --address {address}: "
                           f"{str(exc).splitlines()[0]} (start one with `ray start --head`)") from None
     url = ctx.dashboard_url or ""
-    return url if not url or url.startswith("http") else "http://" + url
+    _DASHBOARDS[address] = url if not url or url.startswith("http") else "http://" + url
+    return _DASHBOARDS[address]
 
 
 def gpu_kinds(nodes: Sequence[Mapping[str, Any]]) -> dict[str, str]:

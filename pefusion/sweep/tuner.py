@@ -48,10 +48,10 @@ TUNE_ENV = {
 
 def start_ray(opts: SweepOptions) -> str:
     """Join `--address` or start a local cluster with the dashboard on 127.0.0.1; returns the dashboard URL."""
+    if opts.address:  # joined already by `--gpus-per-trial auto`'s probe, or now
+        return join(opts.address, opts.verbose)
     if ray.is_initialized():
         return ""
-    if opts.address:
-        return join(opts.address, opts.verbose)
     ctx = ray.init(num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, include_dashboard=opts.dashboard,
                    dashboard_host="127.0.0.1", log_to_driver=opts.verbose > 1, configure_logging=True,
                    logging_level="WARNING")

@@ -49,8 +49,10 @@ class SwitchSettings:
 
     start: float = 0.5  # a switch with no bracket yet is looked for in ζ_c ± 0.5 first (ζ_c = −√2 m/√q)
     # Bisection stops at brackets this narrow and the switch is interpolated inside: at α = 0.8 the map then moves
-    # by 3e-7 (relative) against brackets of 1e-9, 6e-6 at 1e-4.
-    tol: float = 1e-5
+    # by 3e-7 (relative) against brackets of 1e-9, 6e-6 at 1e-4. At 1e-5, on the positional branch at ω = 0.2,
+    # m moved by ±5e-7 as brackets were re-found, above the fixed point's tol: Newton cycled there and the
+    # continuation reported the branch ended at α 1.65, where it goes on to 1.8.
+    tol: float = 1e-6
     grow: int = 4  # a bracket the switch has left is moved past its wrong end and widened this much per try
     # Below section_points / multisection brackets, each is cut into up to multisection pieces per proximal solve
     # instead of two: the solve's cost is then its fixed overhead, and the last few brackets take a quarter the calls
@@ -82,7 +84,7 @@ class ContinuationSettings:
 
     # A branch is anchored at the first of these where its starting point, iterated, lands on it: α = 2 is the
     # paper's anchor, the others catch branches that do not reach it (the positional one ends below α = 2 for
-    # ω ≤ 0.1)
+    # ω ≤ 0.2)
     anchors: tuple[float, ...] = (2.0, 1.0, 0.5, 4.0)
     lattice_step: float = 0.05  # the lattice, through every anchor: α = 2 ± 0.05 k, down to 0.05 and up to 4 ...
     lattice_linear_max: float = 4.0  # ... then geometric steps of ratio 1 + 0.05/4 (alpha_c may search up to α = 50)
@@ -112,8 +114,8 @@ class Solver:
     nodes: int = 12  # doubling moves ε_g by < 0.3 % (docs/theory.md)
     zeta_nodes: int = 8
     damping: float = 0.8
-    # On |F(x) − x| in q, m and θ at the fixed point: F itself is known to ~3e-7 (relative, switch.tol), 1e-8-5e-8
-    # absolute here; Newton's last steps, on switches held in their brackets, converge only linearly below that.
+    # On |F(x) − x| in q, m and θ at the fixed point: F itself is known to within the switches' noise (switch.tol),
+    # below 1e-7 absolute; Newton's last steps, on switches held in their brackets, converge only linearly below that.
     tol: float = 1e-7
     max_iter: int = 20  # a failed continuation step is retried in halves
     quadrature: QuadratureSettings = field(default_factory=QuadratureSettings)
