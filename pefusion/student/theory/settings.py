@@ -84,7 +84,7 @@ class ContinuationSettings:
 
     # A branch is anchored at the first of these where its starting point, iterated, lands on it: α = 2 is the
     # paper's anchor, the others catch branches that do not reach it (the positional one ends below α = 2 for
-    # ω ≤ 0.2)
+    # ω ≤ 0.1 and at ω = 0.2)
     anchors: tuple[float, ...] = (2.0, 1.0, 0.5, 4.0)
     lattice_step: float = 0.05  # the lattice, through every anchor: α = 2 ± 0.05 k, down to 0.05 and up to 4 ...
     lattice_linear_max: float = 4.0  # ... then geometric steps of ratio 1 + 0.05/4 (alpha_c may search up to α = 50)
