@@ -588,35 +588,24 @@ def test_at_six_alphas_doubling_the_nodes_and_an_independent_fixed_point_move_ep
 
 
 def _symmetric_solution_m_eigenvalue(alpha: float) -> float:
-    """At ω = 0.2, the symmetric solution θ = m = 0 (its q and V solved here by a plain 2-D Newton on the
-    library's map) and its stability in m: ∂F_m/∂m − 1, by a one-sided difference (F_m is odd in m there, the
-    teacher's A being symmetric). Positive: m grows away from 0 under the map, so a branch with m ≠ 0 exists."""
+    """At ω = 0.2, the symmetric solution θ = m = 0 (Newton on q and V alone, m and θ held at 0) and its
+    stability in m: ∂F_m/∂m − 1, by a one-sided difference (F_m is odd in m there, the teacher's A being
+    symmetric). Positive: m grows away from 0 under the map, so a branch with m ≠ 0 exists."""
     from pefusion.student.theory.channel import make_params
-    from pefusion.student.theory.fixed_point import evaluate
+    from pefusion.student.theory.fixed_point import CONVERGED, evaluate, newton
     from pefusion.student.theory.quadrature import OuterRule
 
     solver = TH.Solver()
     outer = OuterRule.gauss_hermite(solver.nodes, solver.quadrature)
     p = make_params([alpha], [SIGMA], [LAM], [0.2], ["default"])
-
-    def F(q: float, m: float, V: float) -> np.ndarray:
-        x = torch.tensor([[q], [m], [0.0], [V]], dtype=torch.float64)
-        return evaluate(x, p, outer, solver, None).new[:, 0].numpy()
-
-    qv = np.array([0.10, 23.0])
-    for _ in range(8):
-        G = F(qv[0], 0.0, qv[1])[[0, 3]] - qv
-        if np.abs(G).max() < 1e-9:
-            break
-        J = np.empty((2, 2))
-        for j in range(2):
-            moved = qv.copy()
-            moved[j] += 1e-4 * qv[j]
-            J[:, j] = (F(moved[0], 0.0, moved[1])[[0, 3]] - moved - G) / (1e-4 * qv[j])
-        qv = qv - np.linalg.solve(J, G)
-    assert np.abs(G).max() < 1e-7, G
+    free = torch.tensor([[True], [False], [False], [True]])  # q and V
+    start = torch.tensor([[0.10], [0.0], [0.0], [23.0]], dtype=torch.float64)
+    symmetric = newton(start, p, free, None, None, None, outer, solver)[0]
+    assert symmetric.status == CONVERGED, symmetric
     delta = 1e-3
-    return float(F(qv[0], delta, qv[1])[1]) / delta - 1
+    moved = symmetric.state[:, None].clone()
+    moved[1] = delta
+    return float(evaluate(moved, p, outer, solver, None).new[1, 0]) / delta - 1
 
 
 @pytest.mark.slow  # ~1 min: the continuation from its anchor at α = 1 to 1.85, two symmetric solutions

@@ -113,7 +113,10 @@ def table1(runs: pd.DataFrame) -> pd.DataFrame:
         })
     table = pd.DataFrame(rows, columns=list(TABLE1_COLUMNS))
     presets = sorted(set(ok[R.PRESET].dropna().astype(str))) if R.PRESET in ok else []
-    paper = PB.for_runs(presets[0] if len(presets) == 1 else None, dataset) if len(presets) <= 1 else None
+    if len(presets) > 1:  # runs of several presets: no one published table to compare with
+        return table
+    preset = presets[0] if presets else None
+    paper = PB.for_runs(preset, dataset)
     if paper is None:
         return table
     extra = []
@@ -124,7 +127,7 @@ def table1(runs: pd.DataFrame) -> pd.DataFrame:
         if math.isnan(mean):
             judged.update(delta=math.nan, verdict=f"not in the paper's {paper.table}")
         extra.append(dict(zip(PUBLISHED_COLUMNS, (mean, std, judged["delta"], judged["ci95_low"], judged["ci95_high"],
-                                                  judged["verdict"], protocol(cell, presets[0] if presets else None)))))
+                                                  judged["verdict"], protocol(cell, preset)))))
     table = pd.concat([table, pd.DataFrame(extra, columns=list(PUBLISHED_COLUMNS))], axis=1)
     table.attrs["published"] = paper.label
     return table
