@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -133,8 +134,26 @@ def _finished_or_restored(trainer: Trainer | StackedTrainer) -> bool:
         if (Path(folder) / FINAL_RECORD).exists():
             tune.report(json.loads((Path(folder) / FINAL_RECORD).read_text()))
             return True
-        trainer.load_state_dict(torch.load(Path(folder) / TRAINER_STATE, weights_only=False))
+        trainer.load_state_dict(load_trainer_state(Path(folder) / TRAINER_STATE))
     return False
+
+
+class UnsafeCheckpoint(Exception):
+    """A trial's checkpoint holds more than tensors and plain values (a pickle that would import or run code)."""
+
+
+def load_trainer_state(path: Path) -> dict[str, Any]:
+    """A trainer's resume state (`Trainer.state_dict`, `StackedTrainer.state_dict`) as data: tensors and plain
+    Python values only (`weights_only=True`), so that a checkpoint written by whoever can write the storage runs
+    no code in the trial; anything else is refused in one line."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        what = next((ln.strip() for ln in str(exc).splitlines() if "Unsupported global" in ln or "GLOBAL" in ln),
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+        raise UnsafeCheckpoint(f"checkpoint {path.name} refused: it holds more than tensors and plain values, "
+                               f"which only code could rebuild ({what[:200]}); nothing of it was run. Whoever "
+                               f"can write the sweep's storage wrote it: see docs/clusters.md") from None
 
 
 def trial_run_name(config: dict[str, Any]) -> str:

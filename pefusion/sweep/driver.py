@@ -32,6 +32,7 @@ import pandas as pd
 
 from pefusion import record as R
 from pefusion.errors import SweepInterrupted
+from pefusion.storage import redact
 from pefusion.sweep import console
 from pefusion.sweep.console import counted
 from pefusion.sweep.options import SweepOptions, path_name
@@ -104,7 +105,7 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
         rows[key] = rows[key].fillna(value) if key in rows else value
     keys = [k for k in study.sort_keys if k in rows.columns]
     rows = rows.sort_values(keys, kind="stable").reset_index(drop=True)
-    result = SweepResult(rows, experiment_path=settled.path, parent_run_id=recorder.parent_run_id)
+    result = SweepResult(rows, experiment_path=redact(settled.path), parent_run_id=recorder.parent_run_id)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     gpus = cluster_gpus()

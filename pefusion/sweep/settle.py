@@ -11,6 +11,8 @@ tracking store (resolved and reachable) and experiment.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import io
 import pickle
 import shlex
 import sys
@@ -18,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from pefusion.errors import ConfigError
+from pefusion.storage import credentials_note, redact, without_credentials
 from pefusion.sweep.cluster import probe_on_cluster
 from pefusion.sweep.gpus import check_resources, local_node, resolve_gpus
 from pefusion.sweep.options import DEFAULT_STORAGE, SweepOptions, experiment_path
@@ -51,7 +54,7 @@ def settle(study: StudySweep, opts: SweepOptions) -> SettledSweep:
     elif opts.resume:
         check_restorable(path, name, opts)
     elif Path(path).exists():
-        raise ConfigError(f"experiment {path} exists: pass --resume to continue it, or another --name")
+        raise ConfigError(f"experiment {redact(path)} exists: pass --resume to continue it, or another --name")
     study, opts = settle_trials(study, opts)
     uri = resolve_tracking_uri(opts.tracking_uri)
     check_tracking(uri)
@@ -93,34 +96,90 @@ def check_object_store(path: str, name: str, opts: SweepOptions) -> None:
     try:
         store, fs_path = fs.FileSystem.from_uri(path)
     except (pyarrow.ArrowInvalid, ValueError) as exc:
-        raise ConfigError(f"--storage-path {opts.storage_path}: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(redact(f"--storage-path {opts.storage_path}: {str(exc).splitlines()[0]}")) from None
     bucket = fs_path.split("/", 1)[0]
     try:
         found, experiment, state = store.get_file_info([bucket, fs_path, f"{fs_path}/{TUNER_STATE}"])
         saved = store.open_input_file(state.path).read() if opts.resume and state.is_file else None
     except OSError as exc:
-        raise ConfigError(f"cannot reach the storage at {path}: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(redact(f"cannot reach the storage at {path}: {str(exc).splitlines()[0]}")) from None
     if found.type != fs.FileType.Directory:
-        raise ConfigError(f"--storage-path {opts.storage_path}: no bucket {bucket!r} at that store; create it "
+        raise ConfigError(f"--storage-path {redact(opts.storage_path)}: no bucket {bucket!r} at that store; create it "
                           f"(e.g. `aws s3 mb s3://{bucket}`) or name one that exists")
     if opts.resume and experiment.type == fs.FileType.NotFound:
         raise nothing_to_resume(opts, name)
     if opts.resume and saved is not None:
         check_tune_state(path, saved)
     if not opts.resume and experiment.type != fs.FileType.NotFound:
-        raise ConfigError(f"experiment {path} exists: pass --resume to continue it, or another --name")
+        raise ConfigError(f"experiment {redact(path)} exists: pass --resume to continue it, or another --name")
 
 
 def check_tune_state(path: str, saved: bytes) -> None:
     """Tune state (tuner.pkl) that names no pefusion code this version lacks (0.1's callbacks lived in
-    `pefusion.sweep.live`)."""
+    `pefusion.sweep.live`).
+
+    Read without being unpickled: what it names is all this needs, so every class and function it refers to is
+    noted and none is imported or called (`_names_in_pickle`). Ray unpickles the file itself when it restores the
+    experiment: whoever can write the storage must be trusted as the cluster's own code (docs/clusters.md).
+    """
     try:
-        pickle.loads(saved)  # (Ray's classes and this package's: imports Ray, starts nothing)
-    except (ModuleNotFoundError, AttributeError) as exc:
-        if "pefusion" not in str(exc):
-            raise
-        raise ConfigError(f"{path} was saved by pefusion 0.1, whose sweeps pefusion 0.2 cannot resume ({exc}); "
-                          f"continue it with pefusion 0.1, or start it again without --resume") from None
+        names = _names_in_pickle(saved)
+    except Exception as exc:  # noqa: BLE001  (not a pickle: Tune's restore says what it is)
+        raise ConfigError(f"{redact(path)}/{TUNER_STATE} is not Tune's state of an experiment "
+                          f"({type(exc).__name__}: {str(exc)[:200]}); start it again without --resume") from None
+    for module, name in sorted(names):
+        if module != "pefusion" and not module.startswith("pefusion."):
+            continue
+        try:
+            target = importlib.import_module(module)
+            for part in name.split("."):
+                target = getattr(target, part)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"{redact(path)} was saved by pefusion 0.1, whose sweeps pefusion 0.2 cannot resume "
+                              f"(no {module}.{name}: {exc}); continue it with pefusion 0.1, or start it again "
+                              f"without --resume") from None
+
+
+class _Inert:
+    """Whatever a pickle makes, made of nothing: every call, state and item it is given is dropped."""
+
+    def __new__(cls, *args: object, **kwargs: object) -> "_Inert":
+        return object.__new__(cls)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def __call__(self, *args: object, **kwargs: object) -> "_Inert":
+        return _Inert()
+
+    def __setstate__(self, state: object) -> None:
+        pass
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+    def append(self, item: object) -> None:
+        pass
+
+    def extend(self, items: object) -> None:
+        pass
+
+
+def _names_in_pickle(data: bytes) -> set[tuple[str, str]]:
+    """The (module, name) of every global a pickle refers to, read by an unpickler that resolves none of them:
+    each is `_Inert`, so no code of the file's choosing is imported or runs."""
+    names: set[tuple[str, str]] = set()
+
+    class Noting(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> type:
+            names.add((module, name))
+            return _Inert
+
+        def persistent_load(self, pid: object) -> _Inert:
+            return _Inert()
+
+    Noting(io.BytesIO(data)).load()
+    return names
 
 
 def validate(study: StudySweep) -> int:
@@ -179,14 +238,16 @@ def nothing_to_resume(opts: SweepOptions, experiment: str) -> ConfigError:
     """--resume found no `experiment`: where it looked, and how to point it elsewhere."""
     default = f" (--storage-path's default: ./{DEFAULT_STORAGE} of the folder the command runs in)" \
         if opts.storage_path == DEFAULT_STORAGE else ""
-    return ConfigError(f"--resume: no experiment {experiment} in {storage_root(opts)}{default}; pass the "
+    return ConfigError(f"--resume: no experiment {experiment} in {redact(storage_root(opts))}{default}; pass the "
                        f"--storage-path and --name the sweep ran with (the line that stopped it printed both)")
 
 
 def resume_command(opts: SweepOptions, name: str) -> str:
     """The command (from any folder where `portable_command` is set), naming the experiment and asking to
-    resume it."""
-    parts = shlex.split(opts.portable_command or opts.command)
+    resume it. A storage URI's credentials are left out of it (the command line was redacted already), and a
+    shell comment at its end says where they then come from: pasted as printed, it runs."""
+    parts = [without_credentials(p) for p in shlex.split(opts.portable_command or opts.command)]
     extra = ([] if "--name" in parts or any(p.startswith("--name=") for p in parts) else ["--name", name]) + \
         ([] if "--resume" in parts else ["--resume"])
-    return shlex.join([*parts, *extra])
+    note = credentials_note(opts.storage_path)
+    return shlex.join([*parts, *extra]) + (f"  # {note}" if note else "")

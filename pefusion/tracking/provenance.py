@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from pefusion.storage import redact
+
 
 @functools.cache
 def git_commit() -> str:
@@ -32,8 +34,10 @@ def command_line(argv: Sequence[str] | None = None, program: str = "", *, absolu
 
     `argv` replaces this process's arguments; `program` names the command that takes them when they are not this
     process's own (a main called in-process: this process's command line is then another program's).
+
+    A URI's credentials in it are replaced by `***` (`pefusion.storage.redact`): the line is printed and tagged.
     """
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = [redact(a) for a in (sys.argv[1:] if argv is None else argv)]
     if program:
         return shlex.join([program, *args])
     script = os.path.abspath(sys.argv[0]) if absolute else sys.argv[0]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from pefusion import record as R
+from pefusion.storage import canonical, has_credentials, redact
 from pefusion.tracking.provenance import command_line, git_commit
 from pefusion.tracking.store import TrackingError, ensure_experiment, log_artifacts_to_run, mlflow_client, ui_link
 from pefusion.tracking.writer import WRITE, SystemMetrics, Writer, is_unreachable
@@ -58,7 +59,9 @@ class SweepRecorder:
         migrating a sqlite database), which then overlap Ray's start of the first trials; the writes queued
         after it wait for it, and `wait_open` is where the driver waits. `announce` prints where it writes.
         `system_metrics`: MLflow's samples of this machine on the parent run while it is open (`SystemMetrics`)."""
-        self.uri, self.experiment, self.sweep, self.sweep_path = uri, experiment, sweep, sweep_path
+        # The experiment's path as it may be shown (its credentials `***`: it is never kept whole here).
+        self.uri, self.experiment, self.sweep, self.sweep_path = uri, experiment, sweep, redact(sweep_path)
+        self._legacy_key = "" if has_credentials(sweep_path) else sweep_path
         self.system_metrics = system_metrics
         self.system: SystemMetrics | None = None
         # The writer thread retries an unreachable server itself (with no end), so MLflow's own retries (7 with
@@ -92,10 +95,10 @@ class SweepRecorder:
             if is_unreachable(exc):
                 raise  # the writer waits for the store, then opens it
             line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            self.open_error = f"cannot use the MLflow tracking store {self.uri}: {line}"
+            self.open_error = redact(f"cannot use the MLflow tracking store {self.uri}: {line}")
         self._opened.set()
         if announce and self.open_error is None:
-            print(f"MLflow: {self.uri}  experiment '{self.experiment}', parent run {self.parent_run_id}", flush=True)
+            print(f"MLflow: {redact(self.uri)}  experiment '{self.experiment}', parent run {self.parent_run_id}", flush=True)
             served = "" if self.uri.startswith(("http://", "https://")) else \
                 f"  (after `mlflow ui --backend-store-uri {self.uri}`)"
             print(f"MLflow UI: {ui_link(self.uri, self.experiment_id, self.parent_run_id)}{served}", flush=True)
@@ -114,8 +117,8 @@ class SweepRecorder:
             raise TrackingError(self.open_error)
 
     def __getstate__(self) -> dict:  # Tune pickles callbacks with the experiment; MLflow state is rebuilt
-        return {k: self.__dict__[k] for k in ("uri", "experiment", "sweep", "sweep_path", "experiment_id",
-                                              "parent_run_id", "open_error")}
+        return {k: self.__dict__[k] for k in ("uri", "experiment", "sweep", "sweep_path", "_legacy_key",
+                                              "experiment_id", "parent_run_id", "open_error")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _runs={}, _last_step={}, _series={}, _params={}, _done=set(), _writer=None,
@@ -154,13 +157,19 @@ class SweepRecorder:
         return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=5000)
 
     def _find_or_create_parent(self) -> str:
-        found = self._search(f"tags.`{R.TAG_ROLE}` = 'sweep' and tags.`{R.TAG_STORAGE}` = '{self.sweep_path}'")
+        """The sweep's parent run, keyed by its storage's canonical form (`pefusion.storage.canonical`: the same
+        experiment reached through another endpoint spelling, or with other credentials, is the same sweep); a
+        parent made before that key, tagged with the path as typed, is found by it too."""
+        key = canonical(self.sweep_path)
+        found = self._search(f"tags.`{R.TAG_ROLE}` = 'sweep' and tags.`{R.TAG_STORAGE}` = '{key}'")
+        if not found and self._legacy_key and self._legacy_key != key:
+            found = self._search(f"tags.`{R.TAG_ROLE}` = 'sweep' and tags.`{R.TAG_STORAGE}` = '{self._legacy_key}'")
         if found:
             if found[0].info.status != "RUNNING":  # an interrupted sweep, resumed
                 self.client.update_run(found[0].info.run_id, status="RUNNING")
             return found[0].info.run_id
-        run = self.client.create_run(self.experiment_id, run_name=Path(self.sweep_path).name, tags={
-            R.TAG_ROLE: "sweep", R.TAG_SWEEP: self.sweep, R.TAG_STORAGE: self.sweep_path,
+        run = self.client.create_run(self.experiment_id, run_name=key.rsplit("/", 1)[-1], tags={
+            R.TAG_ROLE: "sweep", R.TAG_SWEEP: self.sweep, R.TAG_STORAGE: key,
             R.TAG_COMMAND: command_line(), R.TAG_GIT_COMMIT: git_commit(),
         })
         return run.info.run_id

@@ -15,6 +15,7 @@ from typing import Iterable
 import pefusion
 from pefusion import record as R
 from pefusion.errors import ConfigError
+from pefusion.storage import redact
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
@@ -37,18 +38,23 @@ def resolve_tracking_uri(cli_value: str | None = None) -> str:
 
 
 def check_tracking(uri: str, timeout_s: float = 5.0) -> None:
-    """Fail fast, in one line, when the tracking store is unusable."""
+    """Fail fast, in one line, when the tracking store is unusable: for a server, that it answers (/health), and
+    that it lets this client in (`check_server_access`: the name it is addressed by, the login)."""
+    shown = redact(uri)
     if uri.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as resp:
                 if resp.status != 200:
-                    raise TrackingError(f"MLflow tracking server {uri} answered HTTP {resp.status} on /health")
+                    raise TrackingError(f"MLflow tracking server {shown} answered HTTP {resp.status} on /health")
+        except urllib.error.HTTPError as exc:
+            raise TrackingError(f"MLflow tracking server {shown} answered HTTP {exc.code} on /health") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise TrackingError(
-                f"MLflow tracking server {uri} is unreachable ({reason}); start it with "
+                f"MLflow tracking server {shown} is unreachable ({reason}); start it with "
                 f"`mlflow server --host 127.0.0.1 --port 5000` or pass --tracking-uri sqlite:///mlflow.db"
             ) from None
+        check_server_access(uri, timeout_s)
     elif uri.startswith("sqlite:///"):
         folder = Path(uri[len("sqlite:///"):]).parent
         if not folder.is_dir() or not os.access(folder, os.W_OK):
@@ -56,6 +62,55 @@ def check_tracking(uri: str, timeout_s: float = 5.0) -> None:
     elif uri.startswith("file:") or "://" not in uri:
         raise TrackingError(f"tracking URI {uri!r} is a file store, which MLflow >= 3.13 refuses; "
                             f"use sqlite:///mlflow.db or an http:// server")
+
+
+# MLflow's answer to a request whose Host header is not among the server's --allowed-hosts (its DNS-rebinding guard)
+INVALID_HOST = "Invalid Host header"
+
+
+def check_server_access(uri: str, timeout_s: float = 5.0) -> None:
+    """One API call to the server at `uri` as MLflow's client makes it (the Host header its name gives, the login
+    of MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN): a TrackingError in one line
+    when the server refuses it. `/health` answers whatever the name and the login; the API refuses a Host the
+    server does not list in `--allowed-hosts` (403) and, with `--app-name basic-auth`, a missing or wrong login
+    (401): a sweep would otherwise start Ray and end on MLflow's text."""
+    import base64
+    import urllib.parse
+
+    shown = redact(uri)
+    request = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    if user and password:
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    elif token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return
+    except urllib.error.HTTPError as exc:
+        body = exc.read(2000).decode("utf-8", "replace")
+        status = exc.code
+    except (urllib.error.URLError, OSError) as exc:
+        raise TrackingError(f"MLflow tracking server {shown} answered /health but not its API "
+                            f"({getattr(exc, 'reason', exc)})") from None
+    host = urllib.parse.urlsplit(uri).hostname or ""
+    if status == 403 and INVALID_HOST in body:
+        raise TrackingError(
+            f"MLflow tracking server {shown} refuses requests addressed to {host!r} (HTTP 403: {INVALID_HOST}): "
+            f"start it with --allowed-hosts '{host},{host}:*' (the names its clients use), or address it by a "
+            f"name it allows")
+    if status == 401:
+        who = f"user {user!r} with the password in MLFLOW_TRACKING_PASSWORD" if user and password else \
+            "no login (MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD are not both set)"
+        raise TrackingError(f"MLflow tracking server {shown} refused {who} (HTTP 401): set "
+                            f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an account of that server")
+    if status == 403:
+        raise TrackingError(f"MLflow tracking server {shown} refused user {user!r} (HTTP 403: "
+                            f"{(body.strip().splitlines() or [''])[0][:200]}): ask its admin for access")
+    if status >= 400 and status != 404:  # (404: a server without this API path answers the client's own way)
+        raise TrackingError(f"MLflow tracking server {shown} answered HTTP {status} "
+                            f"({(body.strip().splitlines() or [''])[0][:200]})")
 
 
 def import_client_in_background() -> None:
