@@ -16,6 +16,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -97,15 +98,16 @@ def free_port() -> int:
 
 
 def start_mlflow_server(port: int, root: Path, store: str | None = None, artifacts: str | None = None,
-                        **env: str) -> subprocess.Popen:
+                        args: Sequence[str] = (), **env: str) -> subprocess.Popen:
     """`mlflow server` on 127.0.0.1:port over `store` (default: sqlite root/srv.db) and `artifacts` (default:
-    root/artifacts; an s3:// one reached with `env`'s credentials and MLFLOW_S3_ENDPOINT_URL), in a process group of
-    its own (it starts workers); returns once /health answers."""
+    root/artifacts; an s3:// one reached with `env`'s credentials and MLFLOW_S3_ENDPOINT_URL), with `args` added
+    (`--app-name basic-auth`, `--allowed-hosts ...`), in a process group of its own (it starts workers); returns
+    once /health answers (it does whatever the Host header and the login)."""
     log = open(root / "server.log", "ab")
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", store or f"sqlite:///{root / 'srv.db'}",
-         "--artifacts-destination", artifacts or str(root / "artifacts"), "--workers", "1"],
+         "--artifacts-destination", artifacts or str(root / "artifacts"), "--workers", "1", *args],
         stdout=log, stderr=log, start_new_session=True,
         # its job runner (GenAI scorers: 8 more processes, nothing of tracking) would double its start on 2 CPUs
         env=subprocess_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **env))

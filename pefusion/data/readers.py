@@ -52,6 +52,8 @@ MAGIC_BYTES = {
 }
 # A hub dataset without a validation split (ag_news, imdb) gets this fraction of train, drawn with a fixed seed.
 HUB_VALIDATION_FRACTION = 0.1
+# Integer labels are class ids (`map_labels`): an id at or past this is refused rather than made a class list.
+MAX_CLASSES = 100_000
 HUB_PROBE_TIMEOUT_S = 3.0
 
 SUPPLY_HINT = (
@@ -391,10 +393,18 @@ def map_labels(raw: dict[str, RawSplit], label_col: str,
             raise DataError(f"{r.origin}: column {label_col!r} has missing values")
     as_ints = {split: [_as_int(y) for y in r.labels] for split, r in raw.items()}
     if all(v is not None for ints in as_ints.values() for v in ints):
+        # (checked on Python's ints: numpy's int64 overflows on a larger one, and the class list below is as long
+        # as the largest id: a stray big number in the column is a wrong column, not a billion classes)
+        largest = max((max(ints) for ints in as_ints.values() if ints), default=0)
+        if largest >= MAX_CLASSES:
+            split = next(s for s, ints in as_ints.items() if largest in ints)
+            raise DataError(f"{raw[split].origin}: column {label_col!r} has the integer label {largest}; integer "
+                            f"labels are kept as class ids, and at most {MAX_CLASSES} classes are taken: renumber "
+                            f"them from 0, or write them as names to have them mapped")
+        for split, ints in as_ints.items():
+            if ints and min(ints) < 0:
+                raise DataError(f"{raw[split].origin}: column {label_col!r} has a negative label {min(ints)}")
         ids = {split: np.asarray(ints, dtype=np.int64) for split, ints in as_ints.items()}
-        for split, arr in ids.items():
-            if arr.size and arr.min() < 0:
-                raise DataError(f"{raw[split].origin}: column {label_col!r} has a negative label {arr.min()}")
         n = 1 + max(int(arr.max(initial=-1)) for arr in ids.values())
         unused = sorted(set(range(n)) - set(ids["train"].tolist()))
         if unused:

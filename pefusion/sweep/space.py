@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
@@ -96,8 +97,8 @@ _KIND_NAMES = ", ".join(_KINDS) + " (or a plain value for a constant)"
 def _is_kind(value: Any, kind: type) -> bool:
     if kind in (int, float) and isinstance(value, bool):  # bool is an int subclass, never a number here
         return False
-    if kind is float:
-        return isinstance(value, (int, float)) and math.isfinite(value)
+    if kind is float:  # (an integer past a float's range is no number here either: isfinite raises on it)
+        return isinstance(value, (int, float)) and abs(value) <= sys.float_info.max and math.isfinite(value)
     return isinstance(value, kind)
 
 
@@ -284,9 +285,12 @@ def load_search_space(path: str | Path, allowed: Mapping[str, KeyRule]) -> Searc
     """Read and validate a YAML search-space file."""
     source = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise SearchSpaceError(f"{source}: cannot read the search-space file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise SearchSpaceError(f"{source}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                               f"a search space is a YAML file") from None
     try:
         mapping = yaml.safe_load(text)
     except yaml.YAMLError as e:
