@@ -7,6 +7,7 @@ one line before Ray starts."""
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import socket
 
 import pytest
@@ -41,7 +42,9 @@ def login_server(tmp_path, lab_names):
                       f"admin_username = {ADMIN}\nauthorization_function = "
                       f"mlflow.server.auth:authenticate_request_basic_auth\n")
     server = start_mlflow_server(port, tmp_path, args=["--app-name", "basic-auth", *ALLOWED],
-                                 MLFLOW_AUTH_CONFIG_PATH=str(config), MLFLOW_AUTH_ADMIN_PASSWORD=PASSWORD)
+                                 MLFLOW_AUTH_CONFIG_PATH=str(config), MLFLOW_AUTH_ADMIN_PASSWORD=PASSWORD,
+                                 # the auth app's CSRF key (it refuses to start without one): a secret too
+                                 MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(16))
     try:
         yield port
     finally:
