@@ -203,3 +203,40 @@ def test_the_per_seed_held_out_split_is_a_partition_fixed_by_its_seed(n, seed):
     assert val.labels == list(np.random.default_rng(seed).permutation(n)[:len(val.labels)])
     assert hold_out(docs, seed)[1].labels == val.labels
     assert all(docs.texts[y] == t for t, y in zip(val.texts, val.labels))
+
+
+# --- a report over a store holding a half-finished or corrupted run -------------------------------------------
+
+
+def test_a_report_over_a_half_finished_and_a_corrupted_run_names_them_and_goes_on(tmp_path, capsys):
+    """The analysis test store's sweep, plus a trial run left RUNNING by a driver killed mid-epoch (epochs logged,
+    no final record) and one FINISHED 'ok' whose record is corrupt (its seed param unreadable, no test metrics):
+    the report is written, and says which runs it left out and why."""
+    from mlflow.tracking import MlflowClient
+
+    from conftest import load_script
+    from pefusion import record as R
+    from test_analysis import ARXIV, _build_store, _metrics, _params
+
+    store = _build_store(tmp_path / "store")
+    client = MlflowClient(store["uri"])
+    exp = client.get_experiment_by_name("pe-fusion").experiment_id
+    half = client.create_run(exp, tags={R.TAG_PARENT: store["parent"], R.TAG_ROLE: "trial", R.TAG_TRIAL_ID: "half",
+                                        R.TAG_STATUS: R.STATUS_RUNNING}).info.run_id
+    client.log_batch(half, metrics=_metrics({R.VAL_ACC: 0.5}, step=1),
+                     params=_params({R.DATASET: ARXIV, R.PE_TYPE: "learned", R.FUSION: "add", R.SEED: 7}))
+    bad = client.create_run(exp, tags={R.TAG_PARENT: store["parent"], R.TAG_ROLE: "trial", R.TAG_TRIAL_ID: "bad",
+                                       R.TAG_STATUS: R.STATUS_OK}).info.run_id
+    client.log_batch(bad, params=_params({R.DATASET: ARXIV, R.PE_TYPE: "learned", R.FUSION: "add",
+                                          R.SEED: "\x00garbled"}))
+    client.set_terminated(bad, "FINISHED")
+
+    code = load_script("scripts/report.py").main(["--tracking-uri", store["uri"], "--out", str(tmp_path / "out"),
+                                                  "--parent-run", store["parent"], "--no-log"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    pages = list((tmp_path / "out").glob("report_*.html"))
+    assert len(pages) == 1
+    assert f"1 trial run still running (or left so by a driver that died) is left out: {half}" in out.err, out.err
+    page = pages[0].read_text()
+    assert bad[:8] in page and "its final record is missing" in page

@@ -55,7 +55,10 @@ def notes(sweep: RU.Sweep) -> list[str]:
         out.append(f"{superseded} older ok results repeat the cell (same identity params and seed) of a newer run "
                    f"and are left out; pass --parent-run to analyse one sweep")
     if sweep.n_unfinished:
-        out.append(f"{sweep.n_unfinished} trial runs are still running and are left out")
+        runs = ", ".join(sweep.unfinished_runs[:10]) + (", ..." if len(sweep.unfinished_runs) > 10 else "")
+        out.append(f"{sweep.n_unfinished} trial run{'s' if sweep.n_unfinished > 1 else ''} still running "
+                   f"(or left so by a driver that died) {'are' if sweep.n_unfinished > 1 else 'is'} left out: "
+                   f"{runs}")
     return out
 
 

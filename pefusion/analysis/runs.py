@@ -59,6 +59,7 @@ class Sweep:
     n_unfinished: int = 0  # trial runs still RUNNING/SCHEDULED, left out
     parent_metrics: dict[str, float] = field(default_factory=dict)  # what the sweep logged when it finished
     experiment_id: str = ""  # MLflow's id of the experiment (for links to its UI)
+    unfinished_runs: tuple[str, ...] = ()  # the ids of the `n_unfinished` runs
 
     @property
     def name(self) -> str:
@@ -140,20 +141,20 @@ def _is_trial(run) -> bool:
     return all(k in params for k in PEFUSION_IDENTITY) or all(k in params for k in STUDENT_IDENTITY)
 
 
-def runs_frame(runs: Iterable) -> tuple[pd.DataFrame, int]:
+def runs_frame(runs: Iterable) -> tuple[pd.DataFrame, list[str]]:
     """One row per finished trial run: ID_COLUMNS, then params (parsed), then final metric values.
 
-    Returns the frame and the number of trial runs left out because they are still running. Params win a name
+    Returns the frame and the ids of the trial runs left out because they are still running. Params win a name
     clash with a metric (the metric is kept as 'metric.<name>'); a param named like an id column is kept as
     'param.<name>'.
     """
-    rows, params_seen, unfinished = [], {}, 0
+    rows, params_seen, unfinished = [], {}, []
     for run in runs:
         if not _is_trial(run):
             continue
         status, error = _run_outcome(run)
         if status is None:
-            unfinished += 1
+            unfinished.append(run.info.run_id)
             continue
         tags = run.data.tags
         row: dict[str, Any] = {
@@ -199,15 +200,33 @@ def load_sweep(tracking_uri: str | None, experiment: str, parent_run: str | None
         runs = [r for r in runs if r.data.tags.get(R.TAG_PARENT) == parent.info.run_id]
     trials, unfinished = runs_frame(runs)
     _best_val_acc_of_stopped(client, trials)
+    _records_missing(trials)
     if trials.empty and parent is not None:
         raise AnalysisError(f"sweep run {parent.info.run_id[:8]} ({parent.data.tags.get(R.TAG_SWEEP, 'unnamed')}) "
-                            f"of experiment {experiment!r} has no finished trial runs ({unfinished} still "
+                            f"of experiment {experiment!r} has no finished trial runs ({len(unfinished)} still "
                             f"running); pick another with --parent-run")
     if trials.empty:
         raise AnalysisError(f"experiment {experiment!r} has no finished trial runs; {DEMO_HINT}")
     return Sweep(uri, experiment, trials, parent.info.run_id if parent else None,
-                 dict(parent.data.tags) if parent else {}, unfinished,
-                 dict(parent.data.metrics) if parent else {}, exp_id)
+                 dict(parent.data.tags) if parent else {}, len(unfinished),
+                 dict(parent.data.metrics) if parent else {}, exp_id, tuple(unfinished))
+
+
+def _records_missing(trials: pd.DataFrame) -> None:
+    """Mark 'ok' PE-fusion trial runs without a final record (no test_acc) where the sweep's other ok runs have
+    one as failed, naming why (in place): a run cut while its record was written, or corrupted since. The
+    report then counts and lists them, and goes on with the others. (Where no ok run has one, the tables that
+    need it say so: `require_metrics`.)"""
+    if trials.empty or R.TEST_ACC not in trials or not all(k in trials for k in PEFUSION_IDENTITY):
+        return
+    ok = (trials[R.STATUS] == R.STATUS_OK) & trials[list(PEFUSION_IDENTITY)].notna().all(axis=1)
+    has = trials[R.TEST_ACC].notna()
+    if not (ok & has).any():
+        return
+    cut = ok & ~has
+    trials.loc[cut, R.STATUS] = R.STATUS_ERROR
+    trials.loc[cut, R.ERROR] = (f"MLflow run says ok, but its final record is missing ({R.TEST_ACC} and the "
+                                f"others): cut while written, or corrupted")
 
 
 def _best_val_acc_of_stopped(client, trials: pd.DataFrame) -> None:

@@ -54,8 +54,9 @@ class _OneLineErrors(logging.Handler):
 class _Redirect:
     """One redirection: the loggers' handlers and propagation as they were, to put back."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, experiment_folder: bool = True) -> None:
         self.path = path
+        self.experiment_folder = experiment_folder  # the log lies in the experiment's own folder (local storage)
         self.file = _LogFile(path, mode="a", encoding="utf-8")
         self.errors = _OneLineErrors(_shown(path))
         self.saved: dict[str, tuple[list[logging.Handler], bool, int]] = {}
@@ -97,7 +98,8 @@ class _Redirect:
         Ctrl-C while Ray started) leaves no experiment: remove the folder this log made, so that the same --name
         starts again instead of being taken for an experiment to --resume."""
         folder = self.path.parent
-        if folder.is_dir() and [p.name for p in folder.iterdir()] == [LOG_FILE]:
+        # (for remote storage the folder holds only the log, always: it is kept, the log being the run's record)
+        if self.experiment_folder and folder.is_dir() and [p.name for p in folder.iterdir()] == [LOG_FILE]:
             self.path.unlink()
             folder.rmdir()
 
@@ -121,7 +123,7 @@ def quiet(experiment_path: str, verbose: int) -> Path | None:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOG_FILE
     global _ACTIVE
-    _ACTIVE = _Redirect(path)
+    _ACTIVE = _Redirect(path, experiment_folder="://" not in experiment_path)
     _ACTIVE.install()
     atexit.register(_ACTIVE.drop_unused_folder)  # runs after Ray's own shutdown (registered later, run first)
     _no_colour_reset_at_exit()
