@@ -56,6 +56,11 @@ def test_the_user_information_of_a_uri_is_starred_wherever_it_stands():
                  "S3://sweeps//ray/x/", "s3://sweeps/ray/x"):
         assert canonical(same) == "s3://sweeps/ray/x", same
     assert canonical("s3://sweeps/ray/y") != canonical("s3://sweeps/ray/x")
+    # the command line as recorded (the parent run's tag) and printed
+    from pefusion.tracking.provenance import command_line
+
+    recorded = command_line(["--storage-path", f"s3://{KEY}:{SECRET}@sweeps/ray"], program="pefusion-grid")
+    assert recorded == "pefusion-grid --storage-path 's3://***@sweeps/ray'"
 
 
 def test_the_refusals_of_a_storage_uri_with_credentials_show_none(tmp_path):
