@@ -9,7 +9,6 @@ import pickle
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, free_port, stop_process_group, subprocess_env
+from conftest import REPO, free_port, subprocess_env
 from pefusion import record as R
 from pefusion.errors import ConfigError
 
@@ -216,8 +215,6 @@ def test_a_trainer_state_loads_as_data_and_a_planted_pickle_is_refused_in_one_li
                                                                                    smoke_corpus):
     """The resume state of a trainer, separate and stacked, loads with weights_only=True into a fresh trainer;
     a pickle that would run code (it does, loaded the old way) is refused in one line and runs nothing."""
-    import dataclasses
-
     from pefusion.fusion.config import split_trial_config
     from pefusion.fusion.stacked import StackedTrainer
     from pefusion.fusion.trainable import UnsafeCheckpoint, load_trainer_state
