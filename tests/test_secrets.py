@@ -88,6 +88,23 @@ TINY = ["--preset", "arxiv", "--synthetic", "--smoke", "--epochs", "3", "--pe-ty
         "--fusions", "add,concat", "--seeds", "0", "--max-concurrent", "1", "--num-cpus", "2", "--no-dashboard"]
 
 
+def _stopped_after_its_first_trial(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[str, str]:
+    """Run the sweep driver `cmd` (a `TINY` grid) and send it SIGTERM once its first trial has ended, as a user's
+    Ctrl-C or a scheduler's preemption would; its stdout and stderr once it has stopped (exit 130, interrupted)."""
+    driver = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in driver.stdout:
+        seen.append(line)
+        if " 1/2 done " in line:
+            break
+    else:
+        raise AssertionError("the sweep ended before its first trial did:\n" + driver.stderr.read()[-3000:])
+    driver.send_signal(signal.SIGTERM)
+    out, err = driver.communicate(timeout=180)
+    assert driver.returncode == 130, err[-3000:]
+    return "".join(seen) + out, err
+
+
 # Two sweep processes over moto's S3 server: `-m slow` (1.5 min on an idle 2-core machine, 9 min loaded).
 @pytest.mark.slow
 @pytest.mark.subprocess_ray
@@ -108,18 +125,7 @@ def test_a_planted_secret_is_found_nowhere_and_the_printed_resume_runs_as_printe
     env = subprocess_env(AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None, RAY_TMPDIR=str(ray_tmp))
     cmd = [sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *TINY, "--name", "leak", "--storage-path", uri,
            "--tracking-uri", f"sqlite:///{db}", "--cache-dir", str(cache_dir)]
-    driver = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = []
-    for line in driver.stdout:
-        seen.append(line)
-        if " 1/2 done " in line:
-            break
-    else:
-        raise AssertionError("the sweep ended before its first trial did:\n" + driver.stderr.read()[-3000:])
-    driver.send_signal(signal.SIGTERM)
-    out, err = driver.communicate(timeout=180)
-    out = "".join(seen) + out
-    assert driver.returncode == 130, err[-3000:]
+    out, err = _stopped_after_its_first_trial(cmd, tmp_path, env)
     last = [ln for ln in err.splitlines() if ln.strip()][-1]
     printed = last.split("continue with: ", 1)[1]
     assert f"--storage-path 's3://sweeps/ray?endpoint_override={endpoint}&scheme=http'" in printed, printed
@@ -206,6 +212,54 @@ def test_the_same_storage_reached_through_another_endpoint_spelling_keeps_one_pa
     # a parent of an earlier version, tagged with the path as typed
     legacy = client.create_run(exp.experiment_id, tags={R.TAG_ROLE: "sweep", R.TAG_STORAGE: "/data/ray/old"})
     assert SweepRecorder(uri, "pe-fusion", "arxiv_grid", "/data/ray/old").parent_run_id == legacy.info.run_id
+
+
+# Two sweep processes over moto's S3 server: `-m slow` (1.7 min on 2 cores at a load average of 8).
+@pytest.mark.slow
+@pytest.mark.subprocess_ray
+def test_a_real_sweep_resumed_with_its_endpoint_in_the_environment_keeps_one_parent(tmp_path, cache_dir, s3_server):
+    """A real sweep (driver processes, moto's S3 server) started with the endpoint in the storage URI's query
+    (`s3://sweeps/ray?endpoint_override=HOST:PORT&scheme=http`) and stopped by SIGTERM after its first trial, then
+    resumed as `s3://sweeps/ray` with the endpoint in AWS_ENDPOINT_URL (pyarrow and so Ray read it): the resume
+    reopens the same MLflow parent run, there is exactly one, and it ends FINISHED with both trials 'ok' under it."""
+    from mlflow.tracking import MlflowClient
+
+    endpoint = s3_server
+    db = tmp_path / "mlflow.db"
+    client = MlflowClient(f"sqlite:///{db}")
+    base = [sys.executable, str(REPO / "sweeps" / "arxiv_grid.py"), *TINY, "--name", "moved",
+            "--tracking-uri", f"sqlite:///{db}", "--cache-dir", str(cache_dir)]
+
+    def parents() -> list:
+        runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+        return [r for r in runs if r.data.tags.get(R.TAG_ROLE) == "sweep"]
+
+    # conftest's environment has no AWS_ENDPOINT_URL: the first run reaches moto through the query alone
+    _stopped_after_its_first_trial(
+        [*base, "--storage-path", f"s3://sweeps/ray?endpoint_override={endpoint}&scheme=http"], tmp_path,
+        subprocess_env(AWS_ENDPOINT_URL=None))
+    (stopped,) = parents()
+    assert stopped.info.status == "KILLED" and stopped.data.tags[R.TAG_STATUS] == R.STATUS_INTERRUPTED
+
+    resumed = subprocess.run([*base, "--storage-path", "s3://sweeps/ray", "--resume"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=600,
+                             env=subprocess_env(AWS_ENDPOINT_URL=f"http://{endpoint}"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Ray experiment: s3://sweeps/ray/moved\n" in resumed.stdout, resumed.stdout[-2000:]
+    assert f"parent run {stopped.info.run_id}" in resumed.stdout, resumed.stdout[-2000:]
+
+    (parent,) = parents()  # one sweep, one parent: the same one, now FINISHED
+    assert parent.info.run_id == stopped.info.run_id
+    assert parent.info.status == "FINISHED" and parent.data.tags[R.TAG_STATUS] == "finished"
+    assert parent.data.tags[R.TAG_STORAGE] == "s3://sweeps/ray/moved"
+    trials = client.search_runs([parent.info.experiment_id], filter_string=f"tags.`{R.TAG_ROLE}` = 'trial'")
+    assert sorted((t.data.tags[R.TAG_PARENT], t.info.status, t.data.tags[R.TAG_STATUS]) for t in trials) == \
+        [(parent.info.run_id, "FINISHED", R.STATUS_OK)] * 2
+    # and the store holds one experiment, which both invocations wrote (Tune's state beside its trials)
+    from pyarrow import fs
+
+    store = fs.S3FileSystem(scheme="http", endpoint_override=endpoint)
+    assert [i.base_name for i in store.get_file_info(fs.FileSelector("sweeps/ray"))] == ["moved"]
 
 
 # --- checkpoints are data -------------------------------------------------------------------------------------
