@@ -46,11 +46,15 @@ up() {
     head -c 1024 /dev/urandom >"$dir/munge/munge.key"
     chmod 400 "$dir/munge/munge.key"
     local socket="$dir/munge/munge.socket"
-    # munged checks that no folder above its files is writable by others: a folder under /tmp (sticky) passes
+    # munged checks that every folder above its socket is searchable by all and none writable by others but /tmp
+    # (sticky): DIR's parents must be so (pytest's own temp folders are not: 700)
     munged --foreground --key-file="$dir/munge/munge.key" --socket="$socket" --pid-file="$dir/munge/munged.pid" \
         --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed" >>"$dir/munge/munged.out" 2>&1 &
     echo $! >"$dir/munged.pid"
-    for _ in $(seq "$((WAIT_S * 10))"); do [ -S "$socket" ] && break; sleep 0.1; done
+    for _ in $(seq "$((WAIT_S * 10))"); do
+        [ -S "$socket" ] || ! kill -0 "$(cat "$dir/munged.pid")" 2>/dev/null && break
+        sleep 0.1
+    done
     [ -S "$socket" ] || { echo "$0: munged did not start: $(tail -n 3 "$dir/munge/munged.out")" >&2; exit 1; }
 
     local host cpus mem
