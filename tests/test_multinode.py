@@ -261,6 +261,7 @@ def _fixed_card():
 
 
 @pytest.mark.slow
+@pytest.mark.system  # CI runs it in its second stage (.ci/run); the default suite has the faster probe tests below
 def test_auto_measures_on_the_clusters_gpu_node_from_a_driver_without_one(monkeypatch, in_tmp, smoke_preset,
                                                                          smoke_corpus):
     """A head without GPUs and a worker with 2 logical GPUs labelled as a kind of card; the driver (this process,

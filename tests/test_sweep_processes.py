@@ -254,6 +254,7 @@ def _restored_from_its_checkpoint(reports: list[dict], killed: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.system  # CI runs it in its second stage (.ci/run), with the Slurm test
 def test_s3_at_its_own_endpoint_survives_a_killed_trial_and_ctrl_c_then_the_printed_resume(tmp_path, cache_dir,
                                                                                              s3_server):
     """Checkpoints in an S3-compatible store, its endpoint given in the environment (AWS_ENDPOINT_URL) or in the
