@@ -6,6 +6,7 @@ deploy/Dockerfile is linted by hadolint, not built (no Docker engine)."""
 from __future__ import annotations
 
 import copy
+import functools
 import shlex
 import shutil
 import subprocess
@@ -37,24 +38,27 @@ def _strict(schema):
     return schema
 
 
+@functools.cache
 def _crd_schema(kind: str) -> dict:
-    crd = yaml.safe_load((CRDS / f"ray.io_{kind.lower()}s.yaml").read_text())
+    """The v1 schema of KubeRay's CRD of `kind`, strict (read once: 2 MB of YAML, with libyaml where it is)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crd = yaml.load((CRDS / f"ray.io_{kind.lower()}s.yaml").read_text(), Loader=loader)
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return _strict(v1["schema"]["openAPIV3Schema"])
 
 
-SCHEMAS = {kind: _crd_schema(kind) for kind in ("RayJob", "RayCluster")}
-# Kubernetes' PodTemplateSpec, as KubeRay's CRD embeds it for the head's pods
-POD_TEMPLATE = SCHEMAS["RayCluster"]["properties"]["spec"]["properties"]["headGroupSpec"]["properties"]["template"]
+def _pod_template() -> dict:
+    """Kubernetes' PodTemplateSpec, as KubeRay's CRD embeds it for the head's pods."""
+    return _crd_schema("RayCluster")["properties"]["spec"]["properties"]["headGroupSpec"]["properties"]["template"]
 
 
 def _errors(doc: dict) -> list[str]:
     """Where `doc` breaks its schema: a RayJob/RayCluster against the CRD, a Deployment's or Job's pod template
     against Kubernetes' PodTemplateSpec."""
-    if doc["kind"] in SCHEMAS:
-        schema, instance = SCHEMAS[doc["kind"]], doc
+    if doc["kind"] in ("RayJob", "RayCluster"):
+        schema, instance = _crd_schema(doc["kind"]), doc
     elif doc["kind"] in ("Deployment", "Job"):
-        schema, instance = POD_TEMPLATE, doc["spec"]["template"]
+        schema, instance = _pod_template(), doc["spec"]["template"]
     else:
         return []
     validator = jsonschema.Draft7Validator(schema)

@@ -70,6 +70,7 @@ def slurm():
 
 def _submit(env: dict, tmp: Path, name: str, **variables: str) -> int:
     job_env = {**env, "ROOT": str(tmp / "root"), "VENV": sys.prefix, "DATA": "", "NAME": name,
+               "RAY_TMP": str(_ray_tmp(env, name)),
                "TRACKING": f"sqlite:///{tmp / name}.db", "SWEEP_ARGS": SWEEP_ARGS, **variables}
     out = subprocess.run(["sbatch", "--parsable", *SIZES, f"--output={tmp}/job-%j.log", str(RECIPE)],
                          cwd=tmp, env=job_env, capture_output=True, text=True, timeout=60)
@@ -96,15 +97,21 @@ def _tail(log: Path) -> str:
     return log.read_text()[-5000:] if log.exists() else "(no log)"
 
 
-def _ray_processes_of(job: int) -> list[str]:
-    """Processes still running from the job's Ray (its session folder /tmp/ray-JOB in their command line)."""
+def _ray_tmp(env: dict, name: str) -> Path:
+    """The Ray session folder of the jobs of sweep `name` (the recipe's RAY_TMP; its default is /tmp/ray-JOBID):
+    beside the test's Slurm, short enough for Ray's socket paths, removed with it."""
+    return Path(env["SLURM_CONF"]).parent / f"ray-{name}"
+
+
+def _ray_processes_of(folder: Path) -> list[str]:
+    """Processes still running from a job's Ray (its session folder in their command line)."""
     left = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if f"/tmp/ray-{job}/" in text or text.rstrip().endswith(f"/tmp/ray-{job}"):
+        if f"{folder}/" in text or text.rstrip().endswith(str(folder)):
             left.append(text)
     return left
 
@@ -136,15 +143,16 @@ def test_the_slurm_recipe_runs_a_sweep_and_resumes_it_after_scancel_losing_nothi
     subprocess.run(["scancel", str(cut)], env=env, check=True, timeout=30)
     assert _wait_for_end(env, cut, cut_log, timeout=120) == "CANCELLED", _tail(cut_log)
     assert " 4/4 done " not in cut_log.read_text(), "the sweep finished before scancel: nothing was resumed"
-    for job in (full, cut):
-        assert _ray_processes_of(job) == [], f"job {job} left Ray processes behind"
+    for name in ("full", "cut"):
+        assert _ray_tmp(env, name).is_dir()  # the recipe's RAY_TMP was used
+        assert _ray_processes_of(_ray_tmp(env, name)) == [], f"the {name} job left Ray processes behind"
 
     # 3. the recipe's resume: the same NAME with RESUME=1
     resumed = _submit(env, tmp_path, "cut", RESUME="1")
     resumed_log = tmp_path / f"job-{resumed}.log"
     assert _wait_for_end(env, resumed, resumed_log) == "COMPLETED", _tail(resumed_log)
     assert "4 trials, 4 ok, 0 failed" in resumed_log.read_text(), _tail(resumed_log)
-    assert _ray_processes_of(resumed) == []
+    assert _ray_processes_of(_ray_tmp(env, "cut")) == []
 
     # the resumed sweep equals the uninterrupted one: the CSV (timing aside), and in MLflow one FINISHED parent,
     # one FINISHED ok child per trial with the uninterrupted one's params, final metrics and each epoch once
