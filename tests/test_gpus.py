@@ -143,7 +143,8 @@ def test_the_kinds_of_card_are_a_label_and_a_total_memory():
 
     a100 = {"accelerator_type:A100": 1.0}
     nodes = [node(0), node(1, GPU=8.0, **{"accelerator_type:H100": 1.0}), node(2, GPU=8.0, **{"accelerator_type:H100": 1.0}),
-             node(3, alive=False, GPU=4.0, **a100), node(4, GPU=1.0), node(5, GPU=4.0, **a100), node(6, GPU=4.0, **a100)]
+             node(3, alive=False, GPU=4.0, **a100), node(4, GPU=1.0), node(5, GPU=4.0, **a100),
+             node(6, GPU=4.0, **a100)]
     labels = gpu_nodes(nodes)
     assert labels == {"n1": "H100", "n2": "H100", "n4": "unlabelled GPU", "n5": "A100", "n6": "A100"}
     assert gpu_nodes([node(0)]) == {}

@@ -122,7 +122,8 @@ def test_a_wrong_field_in_the_rayjob_fails_the_schema(plant):
 def test_a_wrong_field_in_the_mlflow_deployments_pod_fails_the_schema():
     deployment = _docs()["Deployment/mlflow"]
     wrong = copy.deepcopy(deployment)
-    wrong["spec"]["template"]["spec"]["containers"][0]["envFron"] = wrong["spec"]["template"]["spec"]["containers"][0].pop("envFrom")
+    container = wrong["spec"]["template"]["spec"]["containers"][0]
+    container["envFron"] = container.pop("envFrom")
     assert _errors(deployment) == [] and _errors(wrong) != []
 
 

@@ -57,7 +57,8 @@ def gpu_nodes(nodes: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     return out
 
 
-def card_groups(labels: Mapping[str, str], cards: Mapping[str, tuple[int, int, str]]) -> dict[tuple[str, float], list[str]]:
+def card_groups(labels: Mapping[str, str],
+                cards: Mapping[str, tuple[int, int, str]]) -> dict[tuple[str, float], list[str]]:
     """The GPU nodes grouped by kind of card: their Ray label AND their card's total memory (GiB, to 0.1), since
     Ray labels an A100 of 40 GB and one of 80 GB both `A100` (V100 16/32 GB, H100 and H100 NVL likewise).
     `cards`: node id -> its card's (free, total bytes, name). Each group's node ids in `labels`' order."""

@@ -6,8 +6,8 @@ fit together end in CUDA out-of-memory errors. `auto` has the study measure the 
 card (its probe) and packs as many trials per card as fit with a margin: `pack_trials`, a pure function of the
 numbers. Where the probe runs is a `ProbeSite`: on this machine, a fresh process (`_in_fresh_process`), so that
 the driver never holds the card the trials share; on a joined cluster (`--address`), a Ray task on a GPU node of
-each kind of card, a label and a total memory (`pefusion.sweep.cluster.probe_on_cluster`), the driver needing no GPU of
-its own, and the fraction is the one that fits the smallest card.
+each kind of card, a label and a total memory (`pefusion.sweep.cluster.probe_on_cluster`), the driver needing no
+GPU of its own, and the fraction is the one that fits the smallest card.
 
 Assumed, and said in docs/gpus.md: a trial is one process on one card, and the cards of one kind are alike.
 """
