@@ -366,7 +366,8 @@ def test_one_card_label_with_two_memory_sizes_is_probed_per_size_and_packed_for_
     80 GiB one, 4 trials per card (4 x 15.5 GiB in 72 GiB): 62 GiB of trials on the 40 GiB card, out of memory.
     Grouped by label and memory, both are measured and the trials get the smaller card's 2 per card (0.5).
 
-    And a probe out of card memory on a node ends with CUDA's message, not Ray's first line of its wrapper."""
+    And a probe out of card memory on a node ends with CUDA's message, not Ray's first line of its wrapper; a GPU
+    node whose card cannot be read (its GPU busy past the wait) is refused, not left unmeasured."""
     import ray.cloudpickle
 
     from pefusion.errors import ConfigError
@@ -384,6 +385,18 @@ def test_one_card_label_with_two_memory_sizes_is_probed_per_size_and_packed_for_
             readings = probe_on_cluster(c.address, 0)(_peak_15_gib, _card_of_this_node, [{}])
             with pytest.raises(ConfigError) as oom:
                 probe_on_cluster(c.address, 0)(_out_of_memory, _card_of_this_node, [{}])
+            # the 40 GiB node's GPU held by another job: its card cannot be read, and trials could land there
+            import ray
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            from pefusion.sweep import cluster as joining
+
+            holder = ray.remote(num_gpus=1)(_GpuHolder).options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(small, soft=False)).remote()
+            ray.get(holder.ready.remote())
+            monkeypatch.setattr(joining, "PROBE_WAIT_S", 2)
+            with pytest.raises(ConfigError) as busy:
+                probe_on_cluster(c.address, 0)(_peak_15_gib, _card_of_this_node, [{}])
         finally:
             ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
@@ -399,6 +412,15 @@ def test_one_card_label_with_two_memory_sizes_is_probed_per_size_and_packed_for_
     line = str(oom.value)
     assert "\n" not in line and "ray::" not in line and "\x1b" not in line, line
     assert line.startswith("--gpus-per-trial auto: CUDA out of memory. Tried to allocate 20.00 GiB."), line
+    assert str(busy.value) == (f"--gpus-per-trial auto: no GPU free within 2 s to read the card of node {small}, "
+                               "which could receive trials; pass a fraction such as --gpus-per-trial 0.25")
+
+
+class _GpuHolder:
+    """Another job's actor holding a node's GPU."""
+
+    def ready(self) -> bool:
+        return True
 
 
 def test_autoscaling_with_no_gpu_node_waits_its_stated_time_then_refuses_in_one_line(monkeypatch):
