@@ -125,7 +125,7 @@ def test_the_slurm_recipe_runs_a_sweep_and_resumes_it_after_scancel_losing_nothi
     assert _wait_for_end(env, full, full_log) == "COMPLETED", _tail(full_log)
     text = full_log.read_text()
     assert "4 trials, 4 ok, 0 failed" in text, _tail(full_log)
-    port = 20000 + full % 1277 * 10  # the recipe's ports from the job id
+    port = 20000 + full % 1276 * 10  # the recipe's ports from the job id
     assert (f"Ray dashboard: on your machine run  ssh -N -L 8265:127.0.0.1:{port + 1} {socket.gethostname()}  "
             "then open http://127.0.0.1:8265") in text, _tail(full_log)
     assert f"Ray dashboard: http://127.0.0.1:{port + 1}" in text  # the sweep joined the head's dashboard
