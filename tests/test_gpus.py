@@ -132,18 +132,27 @@ def test_auto_on_a_cluster_without_a_gpu_runs_the_trials_on_cpu():
     assert packing.reason == "the cluster has no GPU; trials run on CPU"
 
 
-def test_the_kinds_of_card_are_read_from_rays_accelerator_labels():
-    """One node per kind, the first of each; nodes without GPUs or dead left out; GPUs without a label a kind."""
-    from pefusion.sweep.cluster import gpu_kinds
+def test_the_kinds_of_card_are_a_label_and_a_total_memory():
+    """Nodes with GPUs and alive, with Ray's accelerator label (GPUs without one: a kind of their own), grouped by
+    the label AND the card's total memory: an A100 of 40 GB and one of 80 GB (both labelled `A100` by Ray) are two
+    kinds, each probed, and two H100 nodes with equal cards one."""
+    from pefusion.sweep.cluster import card_groups, gpu_nodes
 
     def node(i, alive=True, **resources):
         return {"NodeID": f"n{i}", "Alive": alive, "Resources": {"CPU": 4.0, **resources}}
 
+    a100 = {"accelerator_type:A100": 1.0}
     nodes = [node(0), node(1, GPU=8.0, **{"accelerator_type:H100": 1.0}), node(2, GPU=8.0, **{"accelerator_type:H100": 1.0}),
-             node(3, alive=False, GPU=4.0, **{"accelerator_type:A10G": 1.0}), node(4, GPU=1.0),
-             node(5, GPU=4.0, **{"accelerator_type:A10G": 1.0})]
-    assert gpu_kinds(nodes) == {"H100": "n1", "unlabelled GPU": "n4", "A10G": "n5"}
-    assert gpu_kinds([node(0)]) == {}
+             node(3, alive=False, GPU=4.0, **a100), node(4, GPU=1.0), node(5, GPU=4.0, **a100),
+             node(6, GPU=4.0, **a100)]
+    labels = gpu_nodes(nodes)
+    assert labels == {"n1": "H100", "n2": "H100", "n4": "unlabelled GPU", "n5": "A100", "n6": "A100"}
+    assert gpu_nodes([node(0)]) == {}
+    gib = 1024 ** 3
+    cards = {"n1": (0, 80 * gib, "H100"), "n2": (5, 80 * gib, "H100"), "n4": (0, 24 * gib, "L4"),
+             "n5": (0, int(79.2 * gib), "A100-80GB"), "n6": (0, int(39.4 * gib), "A100-40GB")}
+    assert card_groups(labels, cards) == {("H100", 80.0): ["n1", "n2"], ("unlabelled GPU", 24.0): ["n4"],
+                                          ("A100", 79.2): ["n5"], ("A100", 39.4): ["n6"]}
 
 
 def test_auto_for_a_study_that_never_uses_a_gpu_or_a_cluster_declared_without_one_means_no_gpu():

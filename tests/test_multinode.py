@@ -261,6 +261,7 @@ def _fixed_card():
 
 
 @pytest.mark.slow
+@pytest.mark.system  # CI runs it in its second stage (.ci/run); the default suite has the faster probe tests below
 def test_auto_measures_on_the_clusters_gpu_node_from_a_driver_without_one(monkeypatch, in_tmp, smoke_preset,
                                                                          smoke_corpus):
     """A head without GPUs and a worker with 2 logical GPUs labelled as a kind of card; the driver (this process,
@@ -331,3 +332,110 @@ def test_the_dashboard_of_a_cluster_the_gpu_probe_joined_first_is_still_printed(
         ray.shutdown()
         own.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+# --- the kinds of card: one label, two memory sizes; no GPU node yet under --autoscaling -----------------------
+
+A100_PEAK = 15 * 1024 ** 3  # the sweep's largest trial: 15 GiB + 0.5 GiB context = 15.5 GiB per trial
+
+
+def _peak_15_gib(points):
+    return A100_PEAK, "the largest trial"
+
+
+def _card_of_this_node():
+    """The node's card as its raylet's environment declares it (logical GPUs have no CUDA to ask)."""
+    import os
+
+    from pefusion.sweep.gpus import CONTEXT_BYTES
+
+    total = int(os.environ["PEFUSION_TEST_CARD_GIB"]) * 1024 ** 3
+    return total - CONTEXT_BYTES, total, f"A100 {os.environ['PEFUSION_TEST_CARD_GIB']} GB"
+
+
+def _out_of_memory(points):
+    import torch
+
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity "
+                                      "of 39.38 GiB of which 1.20 GiB is free.")
+
+
+def test_one_card_label_with_two_memory_sizes_is_probed_per_size_and_packed_for_the_smaller(monkeypatch):
+    """Two worker nodes whose GPUs Ray labels alike (`accelerator_type:A100`), one card of 80 GiB and one of 40
+    GiB. Measuring the label once (the first node of the label, as pefusion did) gives, when that node is the
+    80 GiB one, 4 trials per card (4 x 15.5 GiB in 72 GiB): 62 GiB of trials on the 40 GiB card, out of memory.
+    Grouped by label and memory, both are measured and the trials get the smaller card's 2 per card (0.5).
+
+    And a probe out of card memory on a node ends with CUDA's message, not Ray's first line of its wrapper; a GPU
+    node whose card cannot be read (its GPU busy past the wait) is refused, not left unmeasured."""
+    import ray.cloudpickle
+
+    from pefusion.errors import ConfigError
+    from pefusion.sweep.cluster import probe_on_cluster
+    from pefusion.sweep.gpus import fit_smallest, pack_trials
+
+    a100 = {"accelerator_type:A100": 1}
+    with _own_cluster(monkeypatch, {"num_cpus": 1},
+                      {"num_cpus": 1, "num_gpus": 1, "resources": a100, "env_vars": {"PEFUSION_TEST_CARD_GIB": "80"}},
+                      {"num_cpus": 1, "num_gpus": 1, "resources": a100, "env_vars": {"PEFUSION_TEST_CARD_GIB": "40"}},
+                      ) as (c, nodes):
+        big, small = nodes[1].node_id, nodes[2].node_id
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        try:
+            readings = probe_on_cluster(c.address, 0)(_peak_15_gib, _card_of_this_node, [{}])
+            with pytest.raises(ConfigError) as oom:
+                probe_on_cluster(c.address, 0)(_out_of_memory, _card_of_this_node, [{}])
+            # the 40 GiB node's GPU held by another job: its card cannot be read, and trials could land there
+            import ray
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            from pefusion.sweep import cluster as joining
+
+            holder = ray.remote(num_gpus=1)(_GpuHolder).options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(small, soft=False)).remote()
+            ray.get(holder.ready.remote())
+            monkeypatch.setattr(joining, "PROBE_WAIT_S", 2)
+            with pytest.raises(ConfigError) as busy:
+                probe_on_cluster(c.address, 0)(_peak_15_gib, _card_of_this_node, [{}])
+        finally:
+            ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+    assert sorted((r.node, r.total // 1024 ** 3) for r in readings) == sorted([(big, 80), (small, 40)])
+    # what measuring the 80 GiB node alone gives, and why it overcommits the 40 GiB card
+    alone = pack_trials(A100_PEAK, 80 * 1024 ** 3)
+    assert alone.per_card == 4 and 4 * (A100_PEAK + 1024 ** 3 // 2) > 40 * 1024 ** 3
+    packing = fit_smallest(readings)
+    assert (packing.per_card, packing.gpus_per_trial) == (2, 0.5)
+    assert 2 * (A100_PEAK + 1024 ** 3 // 2) <= 0.9 * 40 * 1024 ** 3
+    assert f"A100 40 GB on node {small}" in packing.reason and f"A100 80 GB on node {big}" in packing.reason
+
+    line = str(oom.value)
+    assert "\n" not in line and "ray::" not in line and "\x1b" not in line, line
+    assert line.startswith("--gpus-per-trial auto: CUDA out of memory. Tried to allocate 20.00 GiB."), line
+    assert str(busy.value) == (f"--gpus-per-trial auto: no GPU free within 2 s to read the card of node {small}, "
+                               "which could receive trials; pass a fraction such as --gpus-per-trial 0.25")
+
+
+class _GpuHolder:
+    """Another job's actor holding a node's GPU."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_autoscaling_with_no_gpu_node_waits_its_stated_time_then_refuses_in_one_line(monkeypatch):
+    """--autoscaling, and the cluster has no GPU node yet (a GPU group scaled to zero): the probe asks for a GPU (an
+    autoscaler's cue to add one), waits AUTOSCALE_WAIT_S (here 3 s) and refuses, rather than run the trials on
+    CPUs; without --autoscaling the same cluster runs them on CPU (no reading)."""
+    from pefusion.errors import ConfigError
+    from pefusion.sweep import cluster as joining
+
+    monkeypatch.setattr(joining, "AUTOSCALE_WAIT_S", 3)
+    with _own_cluster(monkeypatch, {"num_cpus": 1}) as (c, _):
+        assert joining.probe_on_cluster(c.address, 0)(_peak_15_gib, _card_of_this_node, [{}]) == []
+        started = time.time()
+        with pytest.raises(ConfigError) as refused:
+            joining.probe_on_cluster(c.address, 0, autoscaling=True)(_peak_15_gib, _card_of_this_node, [{}])
+        waited = time.time() - started
+    assert 3 <= waited < 30
+    assert str(refused.value).startswith("--gpus-per-trial auto with --autoscaling: no GPU node joined within 3 s")

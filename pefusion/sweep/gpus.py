@@ -6,8 +6,8 @@ fit together end in CUDA out-of-memory errors. `auto` has the study measure the 
 card (its probe) and packs as many trials per card as fit with a margin: `pack_trials`, a pure function of the
 numbers. Where the probe runs is a `ProbeSite`: on this machine, a fresh process (`_in_fresh_process`), so that
 the driver never holds the card the trials share; on a joined cluster (`--address`), a Ray task on a GPU node of
-each kind of card the cluster reports (`pefusion.sweep.cluster.probe_on_cluster`), the driver needing no GPU of
-its own, and the fraction is the one that fits the smallest card.
+each kind of card, a label and a total memory (`pefusion.sweep.cluster.probe_on_cluster`), the driver needing no
+GPU of its own, and the fraction is the one that fits the smallest card.
 
 Assumed, and said in docs/gpus.md: a trial is one process on one card, and the cards of one kind are alike.
 """
@@ -190,8 +190,12 @@ def out_of_memory_refused(result: Callable[[], CardReading]) -> CardReading:
     try:
         return result()
     except torch.cuda.OutOfMemoryError as exc:
-        raise ConfigError(f"--gpus-per-trial auto: {str(exc).splitlines()[0]}: shrink the largest trial (its "
-                          f"batch size or sequence length; bf16 halves activations)") from None
+        # From a Ray task the error is Ray's wrapper (its first line `ray::_measure_on_node() (pid=..)`, in colour
+        # codes); CUDA's own message is its cause.
+        cause = getattr(exc, "cause", None)
+        said = str(cause if isinstance(cause, torch.cuda.OutOfMemoryError) else exc).strip().splitlines()
+        raise ConfigError(f"--gpus-per-trial auto: {said[0] if said else 'CUDA out of memory'}: shrink the largest "
+                          f"trial (its batch size or sequence length; bf16 halves activations)") from None
 
 
 def measure(probe: GpuProbe, card: CardMemory, points: list[dict[str, Any]], node: str = "") -> CardReading:

@@ -66,7 +66,8 @@ def settle_trials(study: StudySweep, opts: SweepOptions) -> tuple[StudySweep, Sw
     (`auto`: measured) and the request checked against the local cluster this command would start (what `--plan`
     needs as well)."""
     study = resolve_stacking(study, opts)
-    opts = resolve_gpus(study, opts, probe_on_cluster(opts.address, opts.verbose) if opts.address else None)
+    site = probe_on_cluster(opts.address, opts.verbose, opts.autoscaling) if opts.address else None
+    opts = resolve_gpus(study, opts, site)
     if not opts.address and not _ray_running():  # (a sweep inside a running `ray.init` is checked by Ray's nodes)
         check_resources(opts, [local_node(opts)])
     return study, opts
