@@ -37,6 +37,14 @@ from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 LATENCY_SAMPLE_BATCHES = 16
 
 
+def latency_sample(n_batches: int) -> np.ndarray:
+    """Which of a split's `n_batches` evaluation batches (sorted by length) the `test_sample` latency times: all,
+    or `LATENCY_SAMPLE_BATCHES` spread evenly over them, the shortest and the longest included."""
+    if n_batches <= LATENCY_SAMPLE_BATCHES:
+        return np.arange(n_batches)
+    return np.linspace(0, n_batches - 1, LATENCY_SAMPLE_BATCHES).round().astype(int)
+
+
 class Diverged(RuntimeError):
     """The training loss or a parameter became non-finite."""
 
@@ -300,24 +308,27 @@ class Trainer:
         if method == "synthetic_batch":
             return self.synthetic_latency()
         batches = list(self.batches(split, shuffle=False))
-        if method == "test_sample" and len(batches) > LATENCY_SAMPLE_BATCHES:
-            keep = np.linspace(0, len(batches) - 1, LATENCY_SAMPLE_BATCHES).round().astype(int)
-            batches = [batches[i] for i in keep]
+        if method == "test_sample":
+            batches = [batches[i] for i in latency_sample(len(batches))]
         mean, std = self.forward_latency(batches)
         return {R.LAT_MS_MEAN: mean, R.LAT_MS_STD: std}
 
     def synthetic_latency(self) -> dict[str, float]:
-        """Latency over one synthetic (batch_size, max_len) batch: ids drawn from 1 .. vocab - 1 (0 pads, and would
+        """Latency over one synthetic batch (`synthetic_batch`), per sample and per batch."""
+        cfg = self.train_cfg
+        mean, std = self.forward_latency([self.synthetic_batch()])  # per sample
+        return {R.LAT_MS_MEAN: mean, R.LAT_MS_STD: std, R.LAT_MS_PER_BATCH: mean * cfg.batch_size,
+                R.LAT_MS_PER_BATCH_STD: std * cfg.batch_size}
+
+    def synthetic_batch(self) -> Batch:
+        """The synthetic latency's batch: (batch_size, max_len) ids drawn from 1 .. vocab - 1 (0 pads, and would
         shorten the documents), from a generator of its own so that the trial's random state is left as it was."""
         cfg = self.train_cfg
         generator = torch.Generator().manual_seed(cfg.seed)
         tokens = torch.randint(1, max(self.corpus.vocab_size, 2), (cfg.batch_size, self.corpus.max_len),
-                               generator=generator).to(self.device)  # (B, T)
-        batch = Batch(tokens=tokens, labels=torch.zeros(cfg.batch_size, dtype=torch.int64),
-                      index=torch.arange(cfg.batch_size))
-        mean, std = self.forward_latency([batch])  # per sample
-        return {R.LAT_MS_MEAN: mean, R.LAT_MS_STD: std, R.LAT_MS_PER_BATCH: mean * cfg.batch_size,
-                R.LAT_MS_PER_BATCH_STD: std * cfg.batch_size}
+                               generator=generator)  # (B, T)
+        return Batch(tokens=tokens.to(self.device), labels=torch.zeros(cfg.batch_size, dtype=torch.int64),
+                     index=torch.arange(cfg.batch_size))
 
     @torch.no_grad()
     def forward_latency(self, batches: Sequence[Batch]) -> tuple[float, float]:
