@@ -10,7 +10,7 @@ start, each slot's first trial process, the gap between two trials of a slot, ea
 end, as a tiny sweep measured them on this machine (`pefusion.sweep.enginecost`; not on a joined cluster, whose
 figures this machine cannot measure). Trials that share a card are counted as taking turns on it, so on GPUs the
 slots are the cards in use: an upper bound, since 3 packed bf16 trials on an H200 reached 1.65x one trial's
-throughput (docs/gpus.md), a gain measured for that one case only. Timed in a fresh process where the trials use a
+throughput (docs/benchmarks.md), a gain measured for that one case only. Timed in a fresh process where the trials use a
 GPU, so that the driver never holds the card; on a CPU in this process (`_in_this_process`), with the trial's thread
 count. A resumed sweep plans the trials it has left (`finished_configs`).
 
