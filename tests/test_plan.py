@@ -131,7 +131,7 @@ def test_the_plans_wall_is_the_command_so_far_rays_start_the_trials_with_rays_sh
     opts = SweepOptions(sweep="arxiv_grid", cpus_per_trial=1.0, gpus_per_trial=0.0, num_cpus=2, num_gpus=0)
     plan = make_plan(study, opts, timing, cost=cost, so_far=7.0)
     assert plan.wall_s == pytest.approx(78.0) and plan.testing_s == pytest.approx(2.5)
-    assert "Ray's start 5.0 s" in plan.lines[-1] and "this command so far 7.0 s" in plan.lines[-1]
+    assert "Ray's start 5.0 s" in plan.lines[-1] and "the sweep so far 7.0 s" in plan.lines[-1]
     resumed = make_plan(study, dataclasses.replace(opts, resume=True), timing, cost=cost, so_far=7.0,
                         finished=[{"seed": 0}, {"seed": 2, "lr": 0.1}])
     assert resumed.wall_s == pytest.approx(7 + 5 + 43.5 + 2) and resumed.testing_s == pytest.approx(3.0)

@@ -39,7 +39,8 @@ from pefusion.sweep.outcomes import Outcomes, result_rows
 from pefusion.sweep.progress import Progress
 from pefusion.sweep.enginecost import engine_cost
 from pefusion.sweep.gpus import local_node
-from pefusion.sweep.plan import SweepPlan, command_so_far, finished_configs, make_plan, time_trials, trials_at_once
+from pefusion.sweep.plan import SweepPlan, finished_configs, make_plan, process_age, time_trials,
+                                 trials_at_once
 from pefusion.sweep.settle import SettledSweep, is_remote, settle, settle_trials, validate
 from pefusion.sweep.space import grid_size
 from pefusion.sweep.study import StudySweep, varying_keys
@@ -139,8 +140,8 @@ def _say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any],
               path: str | None) -> SweepPlan | None:
     """Print the sweep's description, its stacking, and its plan (`pefusion.sweep.plan`; None for a study that
     cannot time its trials): the engine's costs measured on this machine unless the sweep joins a cluster, and
-    for a resumed sweep (its experiment at `path`) the trials it has left. `start`: the driver's `time.monotonic()`
-    at its start, where the process's own start cannot be read."""
+    for a resumed sweep (its experiment at `path`) the trials it has left. `start`: the sweep's `time.monotonic()`
+    at its start, from which its wall time is counted."""
     line = study.describe(shipped)
     if line:
         print(line, flush=True)
@@ -156,7 +157,9 @@ def _say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any],
                                 grid_size(study.space) * study.num_samples)
     cost = None if opts.address else engine_cost(at_once, tune_env())
     finished = finished_configs(path) if opts.resume and path and not is_remote(opts) else []
-    plan = make_plan(study, opts, timing, cost=cost, so_far=command_so_far(start), finished=finished)
+    so_far, age = time.monotonic() - start, process_age()
+    plan = make_plan(study, opts, timing, cost=cost, so_far=so_far, before=age - so_far if age else None,
+                     finished=finished)
     print("\n".join(plan.lines), flush=True)
     return plan
 

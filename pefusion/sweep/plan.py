@@ -148,15 +148,13 @@ def _in_this_process(timer: Callable[[str], Timing], device: str) -> Timing:
         torch.set_num_threads(state[3])
 
 
-def command_so_far(since: float) -> float:
-    """Seconds this command has run: from its process's start (Linux's /proc: Python's start and imports included),
-    else from `since` (a `time.monotonic()`)."""
+def process_age() -> float | None:
+    """Seconds since this process started (Linux's /proc), or None where that cannot be read."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return uptime - ticks / os.sysconf("SC_CLK_TCK")
+        return float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
-        return time.monotonic() - since
+        return None
 
 
 def finished_configs(path: str) -> list[dict[str, Any]]:
@@ -178,10 +176,13 @@ def finished_configs(path: str) -> list[dict[str, Any]]:
 
 
 def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing, *, cost: EngineCost | None = None,
-              so_far: float = 0.0, finished: Sequence[Mapping[str, Any]] = ()) -> SweepPlan:
+              so_far: float = 0.0, before: float | None = None,
+              finished: Sequence[Mapping[str, Any]] = ()) -> SweepPlan:
     """The sweep's estimate from its trials' `timing` and the resources of `opts` (its GPUs per trial resolved):
     with the engine's `cost` measured on this machine (None: a joined cluster's, not counted), `so_far` seconds the
-    command has already run, and the configs of trials `finished` before (a resumed sweep: planned without them)."""
+    sweep has already run (its data, this timing: what its recorded wall time, `record.SWEEP_WALL_S`, counts),
+    `before` seconds its process ran before the sweep began (Python's start, imports: said, not counted), and the
+    configs of trials `finished` before (a resumed sweep: planned without them)."""
     trials = grid_size(study.space) * study.num_samples
     stacked = study.space.stacked_key()
     points = study.space.trial_points()
@@ -243,14 +244,15 @@ def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing, *, cost: En
     assumed = " (the cluster is not joined to plan: one node like this machine, or --max-concurrent)" \
         if opts.address else ""
     lines.append(f"plan: {share}{assumed}: wall {bound}{duration(wall)}, {hours:.3g} {unit}")
+    earlier = f"; the {duration(before)} this process ran before the sweep began are not in it" if before else ""
     if cost:
-        lines.append(f"plan: the wall is this command so far {duration(so_far)} (its start, the data, this timing), "
+        lines.append(f"plan: the wall is the sweep so far {duration(so_far)} (the data, this timing), "
                      f"Ray's start {duration(ray_s)}, the trials {duration(trials_s)} (a slot's first trial process "
                      f"{duration(cost.first_trial_s)}, then {per_trial:.2f} s of Ray's per trial) and the end "
-                     f"{duration(end_s)}; Ray's figures measured on this machine {cost.when()}")
+                     f"{duration(end_s)}; Ray's figures measured on this machine {cost.when()}{earlier}")
     else:
-        lines.append(f"plan: the wall is this command so far {duration(so_far)} and the trials {duration(trials_s)}: "
-                     f"the cluster's start and Ray's per-trial overhead there are not in it")
+        lines.append(f"plan: the wall is the sweep so far {duration(so_far)} and the trials {duration(trials_s)}: "
+                     f"the cluster's start and Ray's per-trial overhead there are not in it{earlier}")
     return SweepPlan(trials=trials, runs=runs, at_once=at_once, wall_s=wall, device_hours=hours, unit=unit,
                      longest_s=max(timing.seconds), at_most=at_most, device=timing.device, lines=tuple(lines),
                      testing_s=sum(testing) / len(testing) if testing else 0.0)
