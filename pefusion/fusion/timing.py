@@ -98,11 +98,11 @@ def eval_tokens(lengths: np.ndarray, batch_size: int, pad_multiple: int, max_wid
 
 
 def time_kind(point: dict[str, Any], base: Preset, corpus: EncodedCorpus, device: torch.device,
-              steps: int = STEPS) -> dict[str, float]:
+              steps: int = STEPS, synthetic: bool = False) -> dict[str, float]:
     """Seconds to build the trial of `point` on `corpus` (a `sample_corpus`), per training step (the median of
     `steps` after a warm-up one), per padded token of length-sorted evaluation batches (all of a stacked trial's
-    seeds), per synthetic latency batch (one forward) and per checkpoint; and the pad multiple and width limit its
-    batches have on `device`."""
+    seeds), with `synthetic` per synthetic latency batch (one forward), and per checkpoint; and the pad multiple
+    and width limit its batches have on `device`."""
     seeds = point.get(R.SEED)
     stacked = len(seeds) if isinstance(seeds, list) else 1
     model_cfg, train_cfg = split_trial_config(_single(point), base)
@@ -127,12 +127,14 @@ def time_kind(point: dict[str, Any], base: Preset, corpus: EncodedCorpus, device
     multiple, limit = lead.placement.pad_multiple, model_cfg.max_len
     tokens = eval_tokens(corpus.validation.lengths, train_cfg.batch_size, multiple, limit).sum()
     per_token = stacked * (time.perf_counter() - start) / max(int(tokens), 1)
-    synthetic = lead.synthetic_batch()
-    with torch.no_grad(), lead.autocast():
-        start = time.perf_counter()
-        lead.model(synthetic.tokens)
-        _sync(device)
-    synthetic_s = stacked * (time.perf_counter() - start)
+    synthetic_s = math.nan
+    if synthetic:
+        batch = lead.synthetic_batch()
+        with torch.no_grad(), lead.autocast():
+            start = time.perf_counter()
+            lead.model(batch.tokens)
+            _sync(device)
+        synthetic_s = stacked * (time.perf_counter() - start)
     start = time.perf_counter()
     torch.save(trainer.state_dict(), io.BytesIO())
     return {"build": build, "step": step, "eval_token": per_token, "synthetic": synthetic_s,
@@ -178,7 +180,10 @@ def time_trials(device_type: str, *, points: Sequence[dict[str, Any]], base: Pre
     # The process's first model, step and evaluation pay its one-time costs (lazy imports, the allocator's
     # first blocks, kernel selection), which a trial process pays once for all its trials: not timed.
     time_kind(kinds[0], base, samples[_sample_key(kinds[0], base)], device, steps=1)
-    timings = [time_kind(p, base, samples[_sample_key(p, base)], device) for p in kinds]
+    synthetic = [any(split_trial_config(_single(p), base)[1].latency == R.LATENCY_SYNTHETIC_BATCH
+                     for p, k in zip(points, which) if k == kind) for kind in range(len(kinds))]
+    timings = [time_kind(p, base, samples[_sample_key(p, base)], device, synthetic=synth)
+               for p, synth in zip(kinds, synthetic)]
     both = [trial_seconds(p, base, lengths[trial_data(_single(p), base).tokenizer_setting], timings[k])
             for p, k in zip(points, which)]
     seconds = [s for s, _ in both]
