@@ -39,8 +39,8 @@ from pefusion.sweep.outcomes import Outcomes, result_rows
 from pefusion.sweep.progress import Progress
 from pefusion.sweep.enginecost import engine_cost
 from pefusion.sweep.gpus import local_node
-from pefusion.sweep.plan import SweepPlan, finished_configs, make_plan, process_age, time_trials,
-                                 trials_at_once
+from pefusion.sweep.plan import (SweepPlan, finished_configs, make_plan, process_age, time_trials,
+                                 trials_at_once)
 from pefusion.sweep.settle import SettledSweep, is_remote, settle, settle_trials, validate
 from pefusion.sweep.space import grid_size
 from pefusion.sweep.study import StudySweep, varying_keys
