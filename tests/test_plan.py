@@ -195,3 +195,28 @@ def test_evaluation_is_planned_on_its_own_length_sorted_batches(multiple, limit)
     random = sum(len(b) * min(-(-lengths[b].max() // multiple) * multiple, limit)
                  for b in np.array_split(shuffled, 10))
     assert real < 0.8 * random
+
+
+def test_rays_figures_are_measured_once_a_day_and_kept(tmp_path, monkeypatch):
+    """The tiny sweep runs when nothing is kept or what is kept is older than a day, and its figures are kept."""
+    import time
+
+    from pefusion.sweep import enginecost as EC
+    from pefusion.sweep import gpus
+
+    runs = []
+
+    def tiny_sweep(fn, slots, env):
+        runs.append((slots, env))
+        return EC.EngineCost(1.0, 2.0, 0.1, 0.01, 0.5, measured_at=time.time())
+
+    monkeypatch.setattr(gpus, "in_fresh_process", tiny_sweep)
+    first = EC.engine_cost(2, {"A": "1"}, cache=tmp_path)
+    assert runs == [(2, {"A": "1"})] and first.ray_start_s == 1.0
+    assert EC.engine_cost(2, {}, cache=tmp_path) == first and len(runs) == 1  # kept
+    EC.engine_cost(4, {}, cache=tmp_path)  # another cluster size: its own figures
+    assert len(runs) == 2
+    kept, = tmp_path.glob("engine_cost/*-2cpu-*.json")
+    kept.write_text(kept.read_text().replace(str(first.measured_at), str(first.measured_at - EC.MAX_AGE_S - 1)))
+    EC.engine_cost(2, {}, cache=tmp_path)
+    assert len(runs) == 3
