@@ -31,6 +31,10 @@ EPOCH = "epoch"
 TRAIN_LOSS = "train_loss"
 VAL_LOSS = "val_loss"
 VAL_ACC = "val_acc"
+# On the last epoch's result of a trial that will test (its training is over: its budget or its early stopping), the
+# phase it goes on to: the final test and latency passes (pefusion.sweep.progress counts them). Text, so no metric.
+PHASE = "phase"
+PHASE_TESTING = "testing"
 
 # --- final metrics of a PE-fusion trial (docs/operations.md) -------------------------------------------------------
 PARAMS = "params"
@@ -40,6 +44,15 @@ TEST_ACC = "test_acc"
 TEST_MACRO_F1 = "test_macro_f1"
 LAT_MS_MEAN = "lat_ms_mean"
 LAT_MS_STD = "lat_ms_std"
+# How latency was timed (a param: the trial config's key), one of LATENCY_METHODS: full passes over the test split
+# (the ArXiv code's), one synthetic batch_size x max_len batch (the AG News / IMDB notebook's), or a bounded sample
+# of the test split's batches. LAT_MS_MEAN / LAT_MS_STD are milliseconds per sample whichever it was; a synthetic
+# batch also records its milliseconds per batch, the figure the notebook printed.
+LATENCY = "latency"
+LATENCY_TEST_PASSES, LATENCY_SYNTHETIC_BATCH, LATENCY_TEST_SAMPLE = "test_passes", "synthetic_batch", "test_sample"
+LATENCY_METHODS = (LATENCY_TEST_PASSES, LATENCY_SYNTHETIC_BATCH, LATENCY_TEST_SAMPLE)
+LAT_MS_PER_BATCH = "lat_ms_per_batch"
+LAT_MS_PER_BATCH_STD = "lat_ms_per_batch_std"
 TRAIN_TIME_S = "train_time_s"
 EPOCHS_RUN = "epochs_run"  # also the epochs a stopped or interrupted trial of any study ran (pefusion.sweep.outcomes)
 LENGTH_METRIC_PREFIX = "test_acc_len_"

@@ -663,3 +663,17 @@ def test_agnews_and_arxiv_runs_find_their_tables_and_other_presets_none():
     arxiv = FT.table1(table1_runs("arxiv", "anything", {"concat": [63.0, 64.0]}))
     assert arxiv.attrs["published"] == "Table 3, ArXiv-11" and arxiv.published_std.tolist() == [2.27]
     assert "published_mean" not in FT.table1(table1_runs("demo", "synthetic-spread", {"add": [60.0, 61.0]}))
+
+
+def test_table1s_latency_column_names_how_latency_was_timed(trials):
+    """The runs under test recorded no `latency` param (as before it existed): 'method not recorded'; all runs of
+    one method name it; runs of two methods name both."""
+    def header(frame) -> str:
+        return [c for c in FT.table1_display(FT.table1(frame)).columns if c.startswith("latency")][0]
+
+    assert header(trials) == "latency (ms / sample, method not recorded)"
+    assert header(trials.assign(**{R.LATENCY: R.LATENCY_SYNTHETIC_BATCH})) == \
+        "latency (ms / sample, one synthetic batch)"
+    mixed = trials.assign(**{R.LATENCY: [R.LATENCY_TEST_PASSES if i % 2 else R.LATENCY_TEST_SAMPLE
+                                         for i in range(len(trials))]})
+    assert header(mixed) == "latency (ms / sample, full test passes / a sample of test batches)"

@@ -510,8 +510,58 @@ def test_the_time_left_counts_epochs_from_the_first_one(capsys):
     match = re.search(r"1/3 done \(0 failed\), 2 running \(12/40 epochs\), 0 pending; 1m01s elapsed, "
                       r"~(\d+)s left; seed 0: ok$", line)
     assert match, line
-    # t1 and t2 are as long as t0 was: each has 1 epoch left (at least one past the 6 done), 18 epochs in 61 s
-    assert int(match[1]) == round(2 / (18 / 61))
+    # t1 and t2 are as long as t0 was: each has 1 epoch left (at least one past the 6 done), an epoch 10 s of a
+    # slot (3 slots x 60 s over 18 epochs), the two at once
+    assert int(match[1]) == round(2 * (3 * 60 / 18) / 2)
+
+
+def test_the_time_left_counts_a_trials_last_phase_and_never_grows_in_it(capsys):
+    """Two trials of 2 planned epochs of 10 s, one at a time, whose last phase (test and latency passes, 60 s in
+    the plan, 30 s as the first one measures it) follows their last epoch: the line counts that phase from the
+    plan, says the trial is testing, never grows while it tests, and the second trial is counted with the first's
+    measured phase."""
+    from ray.tune.experiment import Trial
+
+    from pefusion.sweep.progress import Progress
+
+    clock, epoch_s = _Clock(), 10.0
+    live = Progress(clock=clock, run_name=lambda config: f"s{config['seed']}", varying=("seed",), total=2,
+                    planned_epochs=lambda config: config["max_epochs"], testing_s_planned=60.0)
+    trials = [_trial(i, Trial.RUNNING if i == 0 else Trial.PENDING, max_epochs=2) for i in range(2)]
+    live.first_step(trials)
+    live.start(trials[0], trials)
+
+    def left() -> float:
+        live.say(trials)
+        line = capsys.readouterr().out.strip()
+        match = re.search(r"~(?:(\d+)m)?(\d+)s left", line)
+        assert match, line
+        return int(match[1] or 0) * 60 + int(match[2]), line
+
+    clock.now += epoch_s
+    live.result(trials[0], {R.EPOCH: 1, R.VAL_ACC: 0.5})
+    seconds, line = left()
+    # t0: 1 epoch + its last phase (60 s planned); t1: 2 epochs + 60 s, one slot
+    assert seconds == pytest.approx(10 + 60 + 2 * 10 + 60, abs=1), line
+    clock.now += epoch_s
+    live.result(trials[0], {R.EPOCH: 2, R.VAL_ACC: 0.5, R.PHASE: R.PHASE_TESTING})
+    seen = []
+    for _ in range(6):  # 60 s of testing, in 10 s steps
+        seconds, line = left()
+        assert "(2/2 epochs, 1 testing)" in line, line
+        seen.append(seconds)
+        clock.now += 10
+    assert all(b <= a for a, b in zip(seen, seen[1:])), seen
+    assert seen[0] == pytest.approx(60 + 2 * 10 + 60, abs=1), seen
+    # it ends 20 s later: 80 s of testing in all
+    clock.now += 20
+    trials[0].last_result = {R.STATUS: R.STATUS_OK, R.EPOCHS_RUN: 2}
+    live.complete(trials[0], trials)
+    trials[0].status, trials[1].status = Trial.TERMINATED, Trial.RUNNING
+    live.start(trials[1], trials)
+    capsys.readouterr()
+    seconds, line = left()
+    assert seconds == pytest.approx(2 * 10 + 80, abs=1), line
 
 
 def test_a_study_without_epochs_keeps_its_line(capsys):

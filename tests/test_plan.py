@@ -3,6 +3,8 @@ nothing written; the estimate's arithmetic (trials at once, wall time of trials 
 report puts the estimate beside the measured time."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -100,3 +102,121 @@ def test_a_student_points_steps_are_timed_without_the_processs_first_run_costs(m
                             preset=preset, threads=1)
     (config, _, _), = [TI.point_config({"alpha": 1.0, "omega": 0.3, "seed": 0}, preset)]
     assert timing.seconds[0] == pytest.approx(0.002 * config.iters, rel=0.2)
+
+
+def _grid_study(values: dict, may_end_early: bool = False):
+    """What `make_plan` reads of a study: a grid space of `values`."""
+    from types import SimpleNamespace
+
+    from pefusion.sweep.space import Grid, SearchSpace
+
+    space = SearchSpace({k: Grid(tuple(v)) for k, v in values.items()}, {})
+    return SimpleNamespace(space=space, num_samples=1, search_alg=None, preset="demo",
+                           may_end_early=lambda point: may_end_early)
+
+
+def test_the_plans_wall_is_the_command_so_far_rays_start_the_trials_with_rays_share_and_the_end():
+    """By hand: 4 trials of 10, 20, 30, 40 s on 2 one-CPU slots, each slot's first trial process 3 s, 0.5 s of
+    Ray's per trial (gap 0.4 + report 0.1), Ray's start 5 s, the end 2 s, 7 s already run: slots free at 3 s;
+    10.5 -> 13.5, 20.5 -> 23.5, 30.5 -> 44, 40.5 -> 64: 7 + 5 + 64 + 2 = 78 s. Resumed with the 10 and 30 s trials
+    finished: 20.5 -> 23.5, 40.5 -> 43.5: 7 + 5 + 43.5 + 2."""
+    from pefusion.sweep.enginecost import EngineCost
+    from pefusion.sweep.options import SweepOptions
+    from pefusion.sweep.plan import Timing, make_plan
+
+    study = _grid_study({"seed": [0, 1, 2, 3]})
+    timing = Timing(seconds=(10.0, 20.0, 30.0, 40.0), device="cpu (test)", trial="t", budget="1 epoch per trial",
+                    testing_s=(1.0, 2.0, 3.0, 4.0))
+    cost = EngineCost(ray_start_s=5.0, first_trial_s=3.0, between_s=0.4, report_s=0.1, end_s=2.0, measured_at=0.0)
+    opts = SweepOptions(sweep="arxiv_grid", cpus_per_trial=1.0, gpus_per_trial=0.0, num_cpus=2, num_gpus=0)
+    plan = make_plan(study, opts, timing, cost=cost, so_far=7.0)
+    assert plan.wall_s == pytest.approx(78.0) and plan.testing_s == pytest.approx(2.5)
+    assert "Ray's start 5.0 s" in plan.lines[-1] and "the sweep so far 7.0 s" in plan.lines[-1]
+    resumed = make_plan(study, dataclasses.replace(opts, resume=True), timing, cost=cost, so_far=7.0,
+                        finished=[{"seed": 0}, {"seed": 2, "lr": 0.1}])
+    assert resumed.wall_s == pytest.approx(7 + 5 + 43.5 + 2) and resumed.testing_s == pytest.approx(3.0)
+    assert "2 left to run" in resumed.lines[0]
+
+
+def test_trials_packed_on_a_card_are_planned_as_an_upper_bound_that_says_why():
+    from pefusion.sweep.options import SweepOptions
+    from pefusion.sweep.plan import Timing, make_plan
+
+    study = _grid_study({"seed": [0, 1, 2, 3]})
+    timing = Timing(seconds=(10.0,) * 4, device="cuda (test)", trial="t", budget="1 epoch per trial")
+    packed = make_plan(study, SweepOptions(sweep="s", cpus_per_trial=1.0, gpus_per_trial=0.25, num_cpus=8,
+                                           num_gpus=1), timing)
+    assert packed.at_most and "at most" in packed.lines[2] and "1.65x" in packed.lines[0]
+    alone = make_plan(study, SweepOptions(sweep="s", cpus_per_trial=1.0, gpus_per_trial=1.0, num_cpus=8,
+                                          num_gpus=4), timing)
+    assert not alone.at_most
+
+
+def test_a_resumed_sweep_reads_its_finished_trials_from_tunes_folders(tmp_path):
+    import json
+
+    from pefusion.sweep.plan import finished_configs
+
+    for name, config, results in (("a", {"seed": 0}, [{"epoch": 1}, {R.STATUS: R.STATUS_OK}]),
+                                  ("b", {"seed": 1}, [{"epoch": 1}]),  # interrupted
+                                  ("c", {"seed": 2}, [{R.STATUS: R.STATUS_DIVERGED}])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "params.json").write_text(json.dumps(config))
+        (tmp_path / name / "result.json").write_text("\n".join(map(json.dumps, results)) + "\n")
+    assert sorted(c["seed"] for c in finished_configs(str(tmp_path))) == [0, 2]
+
+
+def test_ag_news_seeds_are_one_kind_of_trial():
+    """AG News draws its validation split per seed (a corpus per seed) but its seeds compute the same: 2 fusions x
+    5 seeds are 2 kinds to time, not 10."""
+    from pefusion.fusion.config import PRESETS
+    from pefusion.fusion.timing import timed_kinds
+
+    points = [{"pe_type": "sinusoidal", "fusion": f, "seed": s} for f in ("add", "concat") for s in range(5)]
+    kinds, which = timed_kinds(points, PRESETS["agnews"])
+    assert len(kinds) == 2 and which == [0] * 5 + [1] * 5
+
+
+@pytest.mark.parametrize("multiple,limit", [(1, 64), (16, 40)])
+def test_evaluation_is_planned_on_its_own_length_sorted_batches(multiple, limit):
+    """The padded tokens `eval_tokens` counts are those of the batches evaluation makes (iter_batches, unshuffled),
+    far fewer than random batches of the same documents would have."""
+    from pefusion.data.batching import iter_batches
+    from pefusion.data.encoded import EncodedSplit
+    from pefusion.fusion.timing import eval_tokens
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, limit + 1, 300)
+    split = EncodedSplit.random(lengths, lengths, 50, 2, rng)
+    real = sum(b.tokens.numel() for b in iter_batches(split, 32, shuffle=False, pad_multiple=multiple,
+                                                       max_width=limit))
+    assert eval_tokens(lengths, 32, multiple, limit).sum() == real
+    shuffled = rng.permutation(300)
+    random = sum(len(b) * min(-(-lengths[b].max() // multiple) * multiple, limit)
+                 for b in np.array_split(shuffled, 10))
+    assert real < 0.8 * random
+
+
+def test_rays_figures_are_measured_once_a_day_and_kept(tmp_path, monkeypatch):
+    """The tiny sweep runs when nothing is kept or what is kept is older than a day, and its figures are kept."""
+    import time
+
+    from pefusion.sweep import enginecost as EC
+    from pefusion.sweep import gpus
+
+    runs = []
+
+    def tiny_sweep(fn, slots, env):
+        runs.append((slots, env))
+        return EC.EngineCost(1.0, 2.0, 0.1, 0.01, 0.5, measured_at=time.time())
+
+    monkeypatch.setattr(gpus, "in_fresh_process", tiny_sweep)
+    first = EC.engine_cost(2, {"A": "1"}, cache=tmp_path)
+    assert runs == [(2, {"A": "1"})] and first.ray_start_s == 1.0
+    assert EC.engine_cost(2, {}, cache=tmp_path) == first and len(runs) == 1  # kept
+    EC.engine_cost(4, {}, cache=tmp_path)  # another cluster size: its own figures
+    assert len(runs) == 2
+    kept, = tmp_path.glob("engine_cost/*-2cpu-*.json")
+    kept.write_text(kept.read_text().replace(str(first.measured_at), str(first.measured_at - EC.MAX_AGE_S - 1)))
+    EC.engine_cost(2, {}, cache=tmp_path)
+    assert len(runs) == 3

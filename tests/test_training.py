@@ -329,3 +329,60 @@ def test_a_weight_that_turns_non_finite_in_the_last_step_ends_the_trial_diverged
                                 trainer=trainer)
     assert record[R.STATUS] == R.STATUS_DIVERGED
     assert record[R.ERROR] == "non-finite parameter head.weight after epoch 1" and record[R.EPOCHS_RUN] == 0
+
+
+def _latency_shapes(trainer: Trainer) -> tuple[dict, list[tuple[int, int]]]:
+    """The trainer's latency metrics on its test split, and the (B, T) of every forward pass that timed them."""
+    shapes = []
+    hook = trainer.model.register_forward_pre_hook(lambda module, args: shapes.append(tuple(args[0].shape)))
+    try:
+        metrics = trainer.measure_latency(trainer.corpus.test)
+    finally:
+        hook.remove()
+    return metrics, shapes
+
+
+@pytest.mark.parametrize("method", R.LATENCY_METHODS)
+def test_latency_times_what_its_method_names(smoke_preset, smoke_corpus, method):
+    """Each method's forward passes, counted by a hook: full passes over every test batch (test_passes); one
+    batch_size x max_len batch, every position a token (synthetic_batch), whose per-batch figure is batch size x the
+    per-sample one; at most 16 test batches spread over their lengths, the shortest and the longest among them
+    (test_sample, here on 2-document batches so the split has more than 16)."""
+    warmup, repeats = 1, 2
+    model, train = _cfgs(smoke_preset, max_epochs=1, timing_repeats=repeats, timing_warmup=warmup, latency=method,
+                         batch_size=2 if method == R.LATENCY_TEST_SAMPLE else smoke_preset.train.batch_size)
+    trainer = Trainer(model, train, smoke_corpus)
+    metrics, shapes = _latency_shapes(trainer)
+    passes = warmup + repeats
+    test_batches = [tuple(b.tokens.shape) for b in iter_batches(smoke_corpus.test, train.batch_size, shuffle=False)]
+    if method == R.LATENCY_TEST_PASSES:
+        assert shapes == test_batches * passes
+        assert R.LAT_MS_PER_BATCH not in metrics
+    elif method == R.LATENCY_SYNTHETIC_BATCH:
+        assert shapes == [(train.batch_size, smoke_corpus.max_len)] * passes
+        assert metrics[R.LAT_MS_PER_BATCH] == pytest.approx(metrics[R.LAT_MS_MEAN] * train.batch_size)
+        assert metrics[R.LAT_MS_PER_BATCH_STD] == pytest.approx(metrics[R.LAT_MS_STD] * train.batch_size)
+    else:
+        assert len(test_batches) > 16 and len(shapes) == 16 * passes
+        sample = shapes[:16]
+        assert set(sample) <= set(test_batches) and sample[0] == test_batches[0] and sample[-1] == test_batches[-1]
+        assert R.LAT_MS_PER_BATCH not in metrics
+    assert metrics[R.LAT_MS_MEAN] > 0
+
+
+def test_presets_time_latency_as_their_source_did():
+    """The Table 1 presets as the AG News / IMDB notebook (a synthetic batch), arxiv as the ArXiv code (full test
+    passes), every other preset a bounded sample; the synthetic batch leaves the trial's random state alone."""
+    assert {name: p.train.latency for name, p in PRESETS.items() if name in ("arxiv", "agnews", "imdb", "demo",
+                                                                             "text")} == {
+        "arxiv": R.LATENCY_TEST_PASSES, "agnews": R.LATENCY_SYNTHETIC_BATCH, "imdb": R.LATENCY_SYNTHETIC_BATCH,
+        "demo": R.LATENCY_TEST_SAMPLE, "text": R.LATENCY_TEST_SAMPLE}
+
+
+def test_a_synthetic_latency_leaves_the_random_state_as_it_was(smoke_preset, smoke_corpus):
+    model, train = _cfgs(smoke_preset, max_epochs=1, timing_repeats=1, timing_warmup=0,
+                         latency=R.LATENCY_SYNTHETIC_BATCH)
+    trainer = Trainer(model, train, smoke_corpus)
+    state = torch.get_rng_state()
+    trainer.measure_latency(smoke_corpus.test)
+    assert torch.equal(torch.get_rng_state(), state)

@@ -25,7 +25,20 @@ from pefusion.fusion.config import FUSIONS, PE_TYPES, PRESETS, TOKENIZER_KEYS, f
 
 # Recorded keys that say where or how fast a trial ran, not what it trained: left out of the protocol comparison.
 _NOT_PROTOCOL = (R.PE_TYPE, R.FUSION, R.SEED, R.DEVICE, R.PRECISION, R.PAD_MULTIPLE, "timing_repeats",
-                 "timing_warmup")
+                 "timing_warmup", R.LATENCY)
+# How each latency method reads in a table's latency column (record.LATENCY_METHODS).
+LATENCY_WORDS = {R.LATENCY_TEST_PASSES: "full test passes", R.LATENCY_SYNTHETIC_BATCH: "one synthetic batch",
+                 R.LATENCY_TEST_SAMPLE: "a sample of test batches"}
+
+
+def latency_words(runs: pd.DataFrame) -> str:
+    """How the latency of `runs` was timed, in words: one method, each of several, or 'method not recorded' for
+    runs without the param (recorded before it existed, or by another tool)."""
+    methods = sorted({str(v) for v in runs[R.LATENCY].dropna()}) if R.LATENCY in runs else []
+    words = [LATENCY_WORDS.get(m, m) for m in methods] or ["method not recorded"]
+    if R.LATENCY in runs and runs[R.LATENCY].isna().any() and methods:
+        words.append("method not recorded")
+    return " / ".join(words)
 
 def latest_ok_pefusion(trials: pd.DataFrame) -> pd.DataFrame:
     """One ok PE-fusion run per (dataset, pe_type, fusion, seed): the most recent."""
@@ -112,6 +125,7 @@ def table1(runs: pd.DataFrame) -> pd.DataFrame:
             "n_failed": len(failed(all_cell)),
         })
     table = pd.DataFrame(rows, columns=list(TABLE1_COLUMNS))
+    table.attrs[R.LATENCY] = latency_words(ok)
     presets = sorted(set(ok[R.PRESET].dropna().astype(str))) if R.PRESET in ok else []
     if len(presets) > 1:  # runs of several presets: no one published table to compare with
         return table
@@ -129,7 +143,7 @@ def table1(runs: pd.DataFrame) -> pd.DataFrame:
         extra.append(dict(zip(PUBLISHED_COLUMNS, (mean, std, judged["delta"], judged["ci95_low"], judged["ci95_high"],
                                                   judged["verdict"], protocol(cell, preset)))))
     table = pd.concat([table, pd.DataFrame(extra, columns=list(PUBLISHED_COLUMNS))], axis=1)
-    table.attrs["published"] = paper.label
+    table.attrs.update(published=paper.label, **{R.LATENCY: latency_words(ok)})
     return table
 
 
@@ -178,7 +192,7 @@ def table1_display(table: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
         out["verdict"] = table.verdict
         out["protocol"] = table.protocol
     out["parameters"] = ["–" if pd.isna(p) else f"{p:,.0f}" for p in table.params_mean]
-    out["latency (ms / sample)"] = pm("lat_ms", 3)
+    out[f"latency (ms / sample, {table.attrs.get(R.LATENCY, 'method not recorded')})"] = pm("lat_ms", 3)
     out["failed runs"] = table.n_failed.astype(str)
     return out
 

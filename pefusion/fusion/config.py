@@ -114,7 +114,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation and evaluation protocol. Defaults are the paper's ArXiv protocol."""
+    """Optimisation and evaluation protocol. Defaults are the paper's ArXiv protocol but for `latency`."""
 
     lr: float = 3e-4
     batch_size: int = 64
@@ -133,6 +133,10 @@ class TrainConfig:
     seed: int = 0
     timing_repeats: int = 10
     timing_warmup: int = 5
+    # How latency is timed (record.LATENCY_METHODS; pefusion.fusion.training.Trainer.measure_latency): the paper's
+    # ArXiv code timed full test passes (the `arxiv` preset), its AG News / IMDB notebook one synthetic batch (the
+    # `agnews` and `imdb` presets); elsewhere a bounded sample of test batches, a small part of a trial's time.
+    latency: str = record.LATENCY_TEST_SAMPLE
     precision: str = "auto"  # resolved where the trial runs (pefusion.fusion.device): bf16 on a GPU, fp32 on a CPU
     device: str = "auto"
     # Batch widths rounded up to a multiple of this, never past max_len; 0: 64 on CUDA (few shapes for kernels that
@@ -168,7 +172,8 @@ TRIAL_KEYS = field_names(ModelConfig) + field_names(TrainConfig) + TOKENIZER_KEY
 # What each trial key accepts: ONE table, read by the configs' __post_init__ and by search-space files.
 # Types come from the field defaults; numbers are positive unless listed in _RANGES.
 _CHOICES = {record.PE_TYPE: PE_TYPES, record.FUSION: FUSIONS, "activation": ACTIVATIONS, "optimizer": OPTIMIZERS,
-            "precision": PRECISIONS, "device": DEVICES, "lr_schedule": LR_SCHEDULES, "tokenizer": TOKENIZERS}
+            "precision": PRECISIONS, "device": DEVICES, "lr_schedule": LR_SCHEDULES, "tokenizer": TOKENIZERS,
+            record.LATENCY: record.LATENCY_METHODS}
 _FRACTION = dict(lo=0, hi=1, hi_open=True)
 _RANGES = {"dropout": _FRACTION, "attn_dropout": _FRACTION, "embed_dropout": _FRACTION, "head_dropout": _FRACTION,
            "warmup": _FRACTION,
@@ -230,14 +235,14 @@ def flat_config(model: ModelConfig, train: TrainConfig) -> dict[str, Any]:
 _TABLE1_MODEL = ModelConfig(d_model=256, nhead=8, num_layers=4, dim_ff=1024, dropout=0.1, max_len=512,
                             activation="gelu", head_dropout=0.1)
 _TABLE1_TRAIN = TrainConfig(lr=3e-4, batch_size=64, max_epochs=20, optimizer="adamw", weight_decay=0.0, grad_clip=1.0,
-                            early_stopping=False)
+                            early_stopping=False, latency=record.LATENCY_SYNTHETIC_BATCH)
 
 PRESETS: dict[str, Preset] = {
     "arxiv": Preset(
         description="The paper's ArXiv-11 setting (ccdv/arxiv-classification, 11 classes, max_len 4096).",
         model=ModelConfig(d_model=128, nhead=8, num_layers=2, dim_ff=256, dropout=0.1, max_len=4096),
         train=TrainConfig(lr=3e-4, batch_size=64, max_epochs=20, optimizer="adam", early_stopping=True,
-                          patience=4, min_delta=1e-4),
+                          patience=4, min_delta=1e-4, latency=record.LATENCY_TEST_PASSES),
         data=DataConfig(max_len=4096),
     ),
     # The paper's Table 1 (notebook AGNews_IMDB_sinusoidal_add_concat_gate.ipynb): one model and recipe for both

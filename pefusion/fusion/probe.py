@@ -32,7 +32,7 @@ SIZE_KEYS = ("batch_size", "max_len", "d_model", "nhead", "num_layers", "dim_ff"
 # timing protocol), or none of the probe's (its batches are max_len wide whatever the pad multiple): trials that
 # differ only in these need the same memory.
 SHAPELESS_KEYS = ("lr", "weight_decay", "max_epochs", "early_stopping", "patience", "min_delta", "seed",
-                  "timing_repeats", "timing_warmup", "device", "pad_multiple")
+                  "timing_repeats", "timing_warmup", "latency", "device", "pad_multiple")
 # The head is (d_model, C) and the logits (B, C): a few KiB either way, so the probe need not know the classes.
 PROBE_CLASSES = 2
 

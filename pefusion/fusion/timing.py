@@ -5,10 +5,14 @@ of each kind of its trials on throwaway models (the engine's side, trials at onc
 Time, unlike memory, depends on the text: a batch is as wide as its longest document, so the steps are timed on
 documents drawn from the sweep's own tokenised training split (`sample_corpus`), as many as `STEPS` batches of the
 trial's batch size, through the trial's `Trainer` (or `StackedTrainer`), one warm-up step first. A trial is then
-    build + epochs × (steps per epoch × step + validation + checkpoint) + final validation, test and latency passes,
-with each evaluation pass timed on validation documents. The trials that differ in what is computed (pe_type,
-fusion, sizes, batch size, precision, ...) are timed once each (`timed_kinds`); trials that differ only in the seed,
-the learning rate or the epoch budget share a timing.
+    build + epochs × (steps per epoch × step + validation + checkpoint) + its last phase,
+the last phase being the final validation and test passes and its latency method's forwards (`testing_seconds`).
+Evaluation runs on batches sorted by length, so it is timed so: `EVAL_BATCHES` batches of validation documents,
+sorted as evaluation sorts them, give the seconds per token of a batch's width (padding included), which the real
+splits' own sorted batches multiply. The trials that differ in what is computed (pe_type, fusion, sizes, batch size,
+precision, ...) are timed once each (`timed_kinds`); trials that differ only in the seed (AG News's seeds, whose
+corpora differ only in the documents drawn for validation, among them), the learning rate or the epoch budget share
+a timing.
 """
 from __future__ import annotations
 
@@ -24,15 +28,17 @@ import numpy as np
 import torch
 
 from pefusion import record as R
+from pefusion.data.batching import batch_order, batch_widths
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 from pefusion.fusion.config import Preset, flat_config, split_trial_config, trial_data
 from pefusion.fusion.device import bf16_supported, device_name, resolve_precision
 from pefusion.fusion.probe import SHAPELESS_KEYS, in_words
 from pefusion.fusion.stacked import StackedTrainer
-from pefusion.fusion.training import Trainer
+from pefusion.fusion.training import Trainer, latency_sample
 from pefusion.sweep.plan import Timing
 
 STEPS = 3  # timed training steps per kind of trial, after one warm-up step
+EVAL_BATCHES = 2  # evaluation batches timed per kind, after one warm-up pass: a shorter and a longer width
 
 
 def _kind(point: Mapping[str, Any], base: Preset) -> tuple:
@@ -42,9 +48,10 @@ def _kind(point: Mapping[str, Any], base: Preset) -> tuple:
     seeds = point.get(R.SEED)
     single = _single(point)
     flat = flat_config(*split_trial_config(single, base))
+    data = trial_data(single, base)  # a seed's own validation split is only other documents: one kind
     return (*((k, v) for k, v in flat.items() if k not in SHAPELESS_KEYS),
             ("stacked", len(seeds) if isinstance(seeds, list) else 1),
-            ("data", trial_data(single, base).tokenizer_setting))
+            ("data", dataclasses.replace(data, split_seed=base.data.split_seed).tokenizer_setting))
 
 
 def timed_kinds(points: Sequence[dict[str, Any]], base: Preset) -> tuple[list[dict[str, Any]], list[int]]:
@@ -66,13 +73,13 @@ def take(split: EncodedSplit, index: np.ndarray) -> EncodedSplit:
 
 def sample_corpus(corpus: EncodedCorpus, batch_size: int, seed: int = 0) -> EncodedCorpus:
     """A small corpus of the real one's documents to time on: (1 + STEPS) training batches of random documents and
-    one batch of validation ones (drawn again where a split has fewer)."""
+    EVAL_BATCHES batches of validation ones (drawn again where a split has fewer)."""
     rng = np.random.default_rng(seed)
 
     def draw(split: EncodedSplit, n: int) -> EncodedSplit:
         return take(split, rng.choice(len(split), n, replace=len(split) < n))
 
-    validation = draw(corpus.validation, batch_size)
+    validation = draw(corpus.validation, EVAL_BATCHES * batch_size)
     return dataclasses.replace(corpus, train=draw(corpus.train, (1 + STEPS) * batch_size), validation=validation,
                                test=validation, meta={})
 
@@ -82,10 +89,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def eval_tokens(lengths: np.ndarray, batch_size: int, pad_multiple: int, max_width: int) -> np.ndarray:
+    """The padded tokens (size × width) of each evaluation batch of a split of documents of `lengths`, in the
+    order evaluation makes them (sorted by length): (batches,) int64."""
+    order = batch_order(lengths, batch_size, shuffle=False)
+    return np.array([len(b) * int(batch_widths(lengths[b], pad_multiple, max_width).max()) for b in order],
+                    dtype=np.int64)
+
+
 def time_kind(point: dict[str, Any], base: Preset, corpus: EncodedCorpus, device: torch.device,
-              steps: int = STEPS) -> dict[str, float]:
+              steps: int = STEPS, synthetic: bool = False) -> dict[str, float]:
     """Seconds to build the trial of `point` on `corpus` (a `sample_corpus`), per training step (the median of
-    `steps` after a warm-up one), per evaluated document (all of a stacked trial's seeds), and per checkpoint."""
+    `steps` after a warm-up one), per padded token of length-sorted evaluation batches (all of a stacked trial's
+    seeds), with `synthetic` per synthetic latency batch (one forward), and per checkpoint; and the pad multiple
+    and width limit its batches have on `device`."""
     seeds = point.get(R.SEED)
     stacked = len(seeds) if isinstance(seeds, list) else 1
     model_cfg, train_cfg = split_trial_config(_single(point), base)
@@ -107,37 +124,69 @@ def time_kind(point: dict[str, Any], base: Preset, corpus: EncodedCorpus, device
     lead.evaluate(corpus.validation)  # warm-up
     start = time.perf_counter()
     lead.evaluate(corpus.validation)
-    per_doc = stacked * (time.perf_counter() - start) / len(corpus.validation)
+    multiple, limit = lead.placement.pad_multiple, model_cfg.max_len
+    tokens = eval_tokens(corpus.validation.lengths, train_cfg.batch_size, multiple, limit).sum()
+    per_token = stacked * (time.perf_counter() - start) / max(int(tokens), 1)
+    synthetic_s = math.nan
+    if synthetic:
+        batch = lead.synthetic_batch()
+        with torch.no_grad(), lead.autocast():
+            start = time.perf_counter()
+            lead.model(batch.tokens)
+            _sync(device)
+        synthetic_s = stacked * (time.perf_counter() - start)
     start = time.perf_counter()
     torch.save(trainer.state_dict(), io.BytesIO())
-    return {"build": build, "step": step, "eval_doc": per_doc, "checkpoint": time.perf_counter() - start}
+    return {"build": build, "step": step, "eval_token": per_token, "synthetic": synthetic_s,
+            "checkpoint": time.perf_counter() - start, "pad_multiple": multiple, "max_width": limit}
 
 
-def trial_seconds(point: dict[str, Any], base: Preset, sizes: tuple[int, int, int], t: Mapping[str, float]) -> float:
-    """A trial's seconds at its whole epoch budget on a corpus of `sizes` (train, validation, test) documents,
-    from its kind's timings `t` (`time_kind`)."""
+def testing_seconds(train_cfg: Any, splits: tuple[np.ndarray, np.ndarray, np.ndarray],
+                    t: Mapping[str, float]) -> float:
+    """A trial's last phase from its kind's timings `t`: the final validation and test passes, then its latency
+    method's forwards (`Trainer.measure_latency`): the test split's batches, a sample of them, or the synthetic
+    batch, `timing_warmup + timing_repeats` times."""
+    _, val, test = (eval_tokens(lengths, train_cfg.batch_size, int(t["pad_multiple"]), int(t["max_width"]))
+                    for lengths in splits)
+    passes = train_cfg.timing_warmup + train_cfg.timing_repeats
+    if train_cfg.latency == R.LATENCY_SYNTHETIC_BATCH:
+        latency = passes * t["synthetic"]
+    else:
+        timed = test if train_cfg.latency == R.LATENCY_TEST_PASSES else test[latency_sample(len(test))]
+        latency = passes * timed.sum() * t["eval_token"]
+    return (val.sum() + test.sum()) * t["eval_token"] + latency
+
+
+def trial_seconds(point: dict[str, Any], base: Preset, splits: tuple[np.ndarray, np.ndarray, np.ndarray],
+                  t: Mapping[str, float]) -> tuple[float, float]:
+    """A trial's seconds at its whole epoch budget, and of them its last phase (`testing_seconds`), on a corpus
+    whose (train, validation, test) documents have `splits` lengths, from its kind's timings `t` (`time_kind`)."""
     train_cfg = split_trial_config(_single(point), base)[1]
-    n_train, val, test = sizes
-    passes = 1 + train_cfg.timing_warmup + train_cfg.timing_repeats  # the test, then the latency passes
-    epoch = math.ceil(n_train / train_cfg.batch_size) * t["step"] + val * t["eval_doc"] + t["checkpoint"]
-    return t["build"] + train_cfg.max_epochs * epoch + (val + passes * test) * t["eval_doc"]
+    val = eval_tokens(splits[1], train_cfg.batch_size, int(t["pad_multiple"]), int(t["max_width"])).sum()
+    epoch = math.ceil(len(splits[0]) / train_cfg.batch_size) * t["step"] + val * t["eval_token"] + t["checkpoint"]
+    testing = testing_seconds(train_cfg, splits, t)
+    return t["build"] + train_cfg.max_epochs * epoch + testing, testing
 
 
 def time_trials(device_type: str, *, points: Sequence[dict[str, Any]], base: Preset,
-                samples: Mapping[str, EncodedCorpus], sizes: Mapping[str, tuple[int, int, int]],
+                samples: Mapping[str, EncodedCorpus], lengths: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
                 threads: int) -> Timing:
     """Every point's seconds (`trial_seconds`), its kind timed on `samples` (per tokeniser setting: a
     `sample_corpus` for each timed kind's batch size, by `_sample_key`) on `device_type` with `threads` torch
-    threads; `sizes`: each setting's real (train, validation, test) document counts."""
+    threads; `lengths`: each setting's real (train, validation, test) document lengths."""
     device = torch.device(device_type)
     torch.set_num_threads(threads)  # (the engine restores the driver's)
     kinds, which = timed_kinds(points, base)
     # The process's first model, step and evaluation pay its one-time costs (lazy imports, the allocator's
     # first blocks, kernel selection), which a trial process pays once for all its trials: not timed.
     time_kind(kinds[0], base, samples[_sample_key(kinds[0], base)], device, steps=1)
-    timings = [time_kind(p, base, samples[_sample_key(p, base)], device) for p in kinds]
-    seconds = [trial_seconds(p, base, sizes[trial_data(_single(p), base).tokenizer_setting], timings[k])
-               for p, k in zip(points, which)]
+    synthetic = [any(split_trial_config(_single(p), base)[1].latency == R.LATENCY_SYNTHETIC_BATCH
+                     for p, k in zip(points, which) if k == kind) for kind in range(len(kinds))]
+    timings = [time_kind(p, base, samples[_sample_key(p, base)], device, synthetic=synth)
+               for p, synth in zip(kinds, synthetic)]
+    both = [trial_seconds(p, base, lengths[trial_data(_single(p), base).tokenizer_setting], timings[k])
+            for p, k in zip(points, which)]
+    seconds = [s for s, _ in both]
     point = points[int(np.argmax(seconds))]
     model, train = split_trial_config(_single(point), base)
     seeds = point.get(R.SEED)
@@ -146,7 +195,8 @@ def time_trials(device_type: str, *, points: Sequence[dict[str, Any]], base: Pre
     where = device_name(device) + ("" if device.type == "cuda" else f", {threads} thread{'s' if threads > 1 else ''}")
     epochs = max(split_trial_config(_single(p), base)[1].max_epochs for p in points)
     return Timing(seconds=tuple(seconds), device=f"{device.type} ({where})", trial=trial,
-                  budget=f"{epochs} epoch{'s' if epochs > 1 else ''} per trial")
+                  budget=f"{epochs} epoch{'s' if epochs > 1 else ''} per trial",
+                  testing_s=tuple(t for _, t in both), kinds=len(kinds))
 
 
 def _single(point: dict[str, Any]) -> dict[str, Any]:
@@ -164,12 +214,12 @@ def plan_timer(points: Sequence[dict[str, Any]], shipped: Mapping[str, Any], *, 
     corpora it needs, small enough to send to a fresh process."""
     corpora: Mapping[str, EncodedCorpus] = shipped["corpora"]
     samples = {}
-    for point in points:
+    for point in timed_kinds(points, base)[0]:
         key = _sample_key(point, base)
         if key not in samples:
             single = _single(point)
             setting = trial_data(single, base).tokenizer_setting
             samples[key] = sample_corpus(corpora[setting], split_trial_config(single, base)[1].batch_size)
-    sizes = {key: (len(c.train), len(c.validation), len(c.test)) for key, c in corpora.items()}
-    return functools.partial(time_trials, points=list(points), base=base, samples=samples, sizes=sizes,
+    lengths = {key: (c.train.lengths, c.validation.lengths, c.test.lengths) for key, c in corpora.items()}
+    return functools.partial(time_trials, points=list(points), base=base, samples=samples, lengths=lengths,
                              threads=max(1, int(cpus)))

@@ -63,7 +63,8 @@ def pefusion_trainable(config: dict[str, Any], *, corpora: Mapping[str, EncodedC
         return
 
     def report_epoch(metrics: dict[str, Any], trainer: Trainer) -> None:
-        _report_with_files({**metrics, **about},
+        phase = {R.PHASE: R.PHASE_TESTING} if trainer.finished else {}
+        _report_with_files({**metrics, **about, **phase},
                            lambda folder: torch.save(trainer.state_dict(), folder / TRAINER_STATE))
 
     final = train_and_evaluate(model_cfg, train_cfg, trainer.corpus, length_edges=length_edges,
@@ -91,7 +92,8 @@ def stacked_trial(config: dict[str, Any], *, corpora: Mapping[str, EncodedCorpus
         metrics = stacked.train_epoch()
         epoch = max(t.epoch for t in stacked.trainers.values())
         runs = {str(seed): {**m, R.TRIAL_INFO: about[seed][R.TRIAL_INFO]} for seed, m in metrics.items()}
-        _report_with_files({R.EPOCH: epoch, R.NODE: node, R.RUNS: runs},
+        phase = {R.PHASE: R.PHASE_TESTING} if stacked.finished else {}
+        _report_with_files({R.EPOCH: epoch, R.NODE: node, R.RUNS: runs, **phase},
                            lambda folder: torch.save(stacked.state_dict(), folder / TRAINER_STATE))
     records = stacked.final_records(length_edges)
     # Every run's clock is the trial's (its first seed built first, the last seed tested last): each held its share

@@ -32,6 +32,19 @@ from pefusion.data.batching import Batch, iter_batches, length_bucket_of
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
 
 
+# The most evaluation batches the `test_sample` latency times: enough to cover the split's lengths, few enough that
+# timing stays a small part of a trial whatever the split's size.
+LATENCY_SAMPLE_BATCHES = 16
+
+
+def latency_sample(n_batches: int) -> np.ndarray:
+    """Which of a split's `n_batches` evaluation batches (sorted by length) the `test_sample` latency times: all,
+    or `LATENCY_SAMPLE_BATCHES` spread evenly over them, the shortest and the longest included."""
+    if n_batches <= LATENCY_SAMPLE_BATCHES:
+        return np.arange(n_batches)
+    return np.linspace(0, n_batches - 1, LATENCY_SAMPLE_BATCHES).round().astype(int)
+
+
 class Diverged(RuntimeError):
     """The training loss or a parameter became non-finite."""
 
@@ -280,9 +293,42 @@ class Trainer:
         return {"loss": loss_sum.item() / n, "acc": float(np.mean(preds == split.labels)) if len(split) else 0.0,
                 "preds": preds}
 
-    def measure_latency(self, split: EncodedSplit) -> tuple[float, float]:
-        """Milliseconds per sample over `timing_repeats` full passes after `timing_warmup` passes."""
-        return self.forward_latency(list(self.batches(split, shuffle=False)))
+    def measure_latency(self, split: EncodedSplit) -> dict[str, float]:
+        """The trial's latency by its config's method (`TrainConfig.latency`), as metrics of its record:
+        `lat_ms_mean` / `lat_ms_std` in milliseconds per sample, and for a synthetic batch the milliseconds per
+        batch the AG News / IMDB notebook printed.
+
+        - test_passes: `timing_repeats` full passes over `split` after `timing_warmup` (the ArXiv code's).
+        - synthetic_batch: one batch of batch_size x max_len random token ids, every position a token (the AG News /
+          IMDB notebook's); per sample = per batch / batch size.
+        - test_sample: at most `LATENCY_SAMPLE_BATCHES` of `split`'s evaluation batches, spread evenly over their
+          length order, so that the sample's lengths are the split's (its batches are sorted by length).
+        """
+        method = self.train_cfg.latency
+        if method == "synthetic_batch":
+            return self.synthetic_latency()
+        batches = list(self.batches(split, shuffle=False))
+        if method == "test_sample":
+            batches = [batches[i] for i in latency_sample(len(batches))]
+        mean, std = self.forward_latency(batches)
+        return {R.LAT_MS_MEAN: mean, R.LAT_MS_STD: std}
+
+    def synthetic_latency(self) -> dict[str, float]:
+        """Latency over one synthetic batch (`synthetic_batch`), per sample and per batch."""
+        cfg = self.train_cfg
+        mean, std = self.forward_latency([self.synthetic_batch()])  # per sample
+        return {R.LAT_MS_MEAN: mean, R.LAT_MS_STD: std, R.LAT_MS_PER_BATCH: mean * cfg.batch_size,
+                R.LAT_MS_PER_BATCH_STD: std * cfg.batch_size}
+
+    def synthetic_batch(self) -> Batch:
+        """The synthetic latency's batch: (batch_size, max_len) ids drawn from 1 .. vocab - 1 (0 pads, and would
+        shorten the documents), from a generator of its own so that the trial's random state is left as it was."""
+        cfg = self.train_cfg
+        generator = torch.Generator().manual_seed(cfg.seed)
+        tokens = torch.randint(1, max(self.corpus.vocab_size, 2), (cfg.batch_size, self.corpus.max_len),
+                               generator=generator)  # (B, T)
+        return Batch(tokens=tokens.to(self.device), labels=torch.zeros(cfg.batch_size, dtype=torch.int64),
+                     index=torch.arange(cfg.batch_size))
 
     @torch.no_grad()
     def forward_latency(self, batches: Sequence[Batch]) -> tuple[float, float]:
@@ -312,11 +358,11 @@ class Trainer:
             self.model.load_state_dict(self.best_state)
         val = self.evaluate(self.corpus.validation)
         test = self.evaluate(self.corpus.test)
-        lat_mean, lat_std = self.measure_latency(self.corpus.test)
+        latency = self.measure_latency(self.corpus.test)
         rec = {**self.identity(), R.STATUS: R.STATUS_OK, R.ERROR: "",
                R.BEST_VAL_ACC: self.best_val_acc, R.BEST_EPOCH: self.best_epoch, R.VAL_ACC: val["acc"],
                R.TEST_ACC: test["acc"], R.TEST_MACRO_F1: macro_f1(self.corpus.test.labels, test["preds"]),
-               R.LAT_MS_MEAN: lat_mean, R.LAT_MS_STD: lat_std, R.TRAIN_TIME_S: self.train_time_s,
+               **latency, R.TRAIN_TIME_S: self.train_time_s,
                R.EPOCHS_RUN: self.epoch}
         rec.update(length_bucket_accuracy(self.corpus.test, test["preds"], length_edges))
         return {**rec, **self.clock()}

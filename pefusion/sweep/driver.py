@@ -38,11 +38,14 @@ from pefusion.sweep.console import counted
 from pefusion.sweep.options import SweepOptions, path_name
 from pefusion.sweep.outcomes import Outcomes, result_rows
 from pefusion.sweep.progress import Progress
-from pefusion.sweep.plan import SweepPlan, make_plan, time_trials
-from pefusion.sweep.settle import SettledSweep, settle, settle_trials, validate
+from pefusion.sweep.enginecost import engine_cost
+from pefusion.sweep.gpus import local_node
+from pefusion.sweep.plan import (SweepPlan, finished_configs, make_plan, process_age, time_trials,
+                                 trials_at_once)
+from pefusion.sweep.settle import SettledSweep, is_remote, settle, settle_trials, validate
 from pefusion.sweep.space import grid_size
 from pefusion.sweep.study import StudySweep, varying_keys
-from pefusion.sweep.tuner import cluster_gpus, run_tune, start_cluster
+from pefusion.sweep.tuner import cluster_gpus, run_tune, start_cluster, tune_env
 from pefusion.tracking.callbacks import MLflowRuns
 from pefusion.tracking.recorder import SweepRecorder
 from pefusion.tracking.store import TrackingError
@@ -68,7 +71,7 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
     settled = settle(study, opts)
     study, opts = settled.study, settled.opts
     shipped = study.ship()
-    plan = _say_plan(study, opts, shipped)
+    plan = _say_plan(study, opts, shipped, start, settled.path)
     console.quiet(settled.path, opts.verbose)  # Ray's and MLflow's messages to the experiment's driver.log
     start_cluster(opts)
     # Opened while Tune starts the trials' processes (both take seconds); a trial's first event waits for it.
@@ -88,7 +91,7 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
                    stack_key=stack_key),
         Progress(study.run_name, shown=study.shown, varying=varying_keys(study.space), labels=study.labels,
                  progress=opts.progress, stack_key=stack_key, planned_epochs=study.planned_epochs,
-                 may_end_early=study.may_end_early),
+                 may_end_early=study.may_end_early, testing_s_planned=plan.testing_s if plan else 0.0),
         outcomes,
     ]
     try:
@@ -127,14 +130,19 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
 def plan_sweep(study: StudySweep, opts: SweepOptions) -> SweepPlan | None:
     """`--plan`: what `run_sweep` would print before Ray starts (the points checked, GPUs per trial settled, the
     data read and the trials timed), and nothing more: no Ray, no MLflow run, no experiment folder."""
+    start = time.monotonic()
+    path = settle(study, opts).path if opts.resume else None  # (a resumed sweep's folder, checked)
     validate(study)
     study, opts = settle_trials(study, opts)
-    return _say_plan(study, opts, study.ship())
+    return _say_plan(study, opts, study.ship(), start, path)
 
 
-def _say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) -> SweepPlan | None:
+def _say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any], start: float,
+              path: str | None) -> SweepPlan | None:
     """Print the sweep's description, its stacking, and its plan (`pefusion.sweep.plan`; None for a study that
-    cannot time its trials)."""
+    cannot time its trials): the engine's costs measured on this machine unless the sweep joins a cluster, and
+    for a resumed sweep (its experiment at `path`) the trials it has left. `start`: the sweep's `time.monotonic()`
+    at its start, from which its wall time is counted."""
     line = study.describe(shipped)
     if line:
         print(line, flush=True)
@@ -145,7 +153,14 @@ def _say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any])
               f"its {len(values)} runs together, as one batched model", flush=True)
     if study.timer is None:
         return None
-    plan = make_plan(study, opts, time_trials(study, opts, shipped))
+    timing = time_trials(study, opts, shipped)
+    at_once, _ = trials_at_once(opts.cpus_per_trial, opts.gpus_per_trial, local_node(opts), opts.max_concurrent,
+                                grid_size(study.space) * study.num_samples)
+    cost = None if opts.address else engine_cost(at_once, tune_env())
+    finished = finished_configs(path) if opts.resume and path and not is_remote(opts) else []
+    so_far, age = time.monotonic() - start, process_age()
+    plan = make_plan(study, opts, timing, cost=cost, so_far=so_far, before=age - so_far if age else None,
+                     finished=finished)
     print("\n".join(plan.lines), flush=True)
     return plan
 

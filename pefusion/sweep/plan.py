@@ -4,10 +4,15 @@ runs, the most epochs (or steps) a trial trains, and an estimate of its wall tim
 The study times its trials (`StudySweep.timer`: a few training steps of its largest trials on throwaway models,
 on the device the trials will use); this module turns those seconds into the sweep's: how many trials run at once
 (`trials_at_once`: CPUs per trial against the node's CPUs, GPUs per trial against its GPUs, --max-concurrent) and
-the wall time of running them in Tune's order, each in the first slot to free (`makespan`). Trials that share a
-card time-slice it (packed trials reached the same samples/s as one alone on an H200, docs/gpus.md), so on GPUs
-the slots are the cards in use. Timed in a fresh process where the trials use a GPU, so that the driver never
-holds the card; on a CPU in this process (`_in_this_process`), with the trial's thread count.
+the wall time of running them in Tune's order, each in the first slot to free (`makespan`). Around the trials'
+own seconds, the wall time counts what the command has spent so far (its imports, the data, this timing), Ray's
+start, each slot's first trial process, the gap between two trials of a slot, each trial's final report, and the
+end, as a tiny sweep measured them on this machine (`pefusion.sweep.enginecost`; not on a joined cluster, whose
+figures this machine cannot measure). Trials that share a card are counted as taking turns on it, so on GPUs the
+slots are the cards in use: an upper bound, since 3 packed bf16 trials on an H200 reached 1.65x one trial's
+throughput (docs/benchmarks.md), a gain measured for that one case only. Timed in a fresh process where the trials use a
+GPU, so that the driver never holds the card; on a CPU in this process (`_in_this_process`), with the trial's thread
+count. A resumed sweep plans the trials it has left (`finished_configs`).
 
 Device-hours: card-hours where the trials use GPUs (the wall time × the cards in use: what `record.CARD_HOURS`
 measures), core-hours on CPUs (Σ trial seconds × CPUs per trial: the report's CPU-hours).
@@ -15,12 +20,16 @@ measures), core-hours on CPUs (Σ trial seconds × CPUs per trial: the report's 
 from __future__ import annotations
 
 import heapq
+import json
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pefusion import record as R
 from pefusion.sweep.console import counted
+from pefusion.sweep.enginecost import EngineCost
 from pefusion.sweep.gpus import in_fresh_process, local_node
 from pefusion.sweep.space import Constant, Grid, Stack, grid_size
 
@@ -38,6 +47,8 @@ class Timing:
     trial: str  # the longest trial, in words
     budget: str  # the most a trial trains, e.g. "20 epochs per trial", "5000 steps per fit"
     ends_early: str = ""  # the study's own reason a trial may train less, e.g. "GD ends a fit at a fixed point"
+    testing_s: tuple[float, ...] = ()  # per point, of its seconds: its last phase after training (test, latency)
+    kinds: int = 0  # the kinds of trial timed (0: not said)
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,7 @@ class SweepPlan:
     at_most: bool
     device: str
     lines: tuple[str, ...]
+    testing_s: float = 0.0  # a trial's last phase, the mean over the trials left (`pefusion.sweep.progress`)
 
     def metrics(self) -> dict[str, float]:
         return {R.PLAN_WALL_S: self.wall_s, R.PLAN_DEVICE_HOURS: self.device_hours, R.PLAN_TRIAL_S: self.longest_s,
@@ -77,9 +89,10 @@ def trials_at_once(cpus_per_trial: float, gpus_per_trial: float, node: Mapping[s
     return at_once, max(cards, 1) if gpus_per_trial else 0
 
 
-def makespan(seconds: Sequence[float], slots: int) -> float:
-    """The wall time of trials of `seconds`, started in order, each in the first of `slots` to free."""
-    free = [0.0] * max(1, slots)
+def makespan(seconds: Sequence[float], slots: int, first: float = 0.0) -> float:
+    """The wall time of trials of `seconds`, started in order, each in the first of `slots` to free; each slot
+    free after `first` seconds (its process's start)."""
+    free = [first] * max(1, slots)
     for s in seconds:
         heapq.heappush(free, heapq.heappop(free) + s)
     return max(free)
@@ -134,46 +147,116 @@ def _in_this_process(timer: Callable[[str], Timing], device: str) -> Timing:
         torch.set_num_threads(state[3])
 
 
-def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing) -> SweepPlan:
-    """The sweep's estimate from its trials' `timing` and the resources of `opts` (its GPUs per trial resolved)."""
+def process_age() -> float | None:
+    """Seconds since this process started (Linux's /proc), or None where that cannot be read."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def finished_configs(path: str) -> list[dict[str, Any]]:
+    """The configs of the trials of the local experiment at `path` that ended (their last result has a final
+    status): what a `--resume` does not run again. Read from Tune's trial folders (params.json, result.json)."""
+    done = []
+    for folder in Path(path).glob("*/"):
+        params, results = folder / "params.json", folder / "result.json"
+        if not (params.is_file() and results.is_file()):
+            continue
+        lines = results.read_text().strip().splitlines()
+        try:
+            last = json.loads(lines[-1]) if lines else {}
+            if last.get(R.STATUS) in R.FINAL_STATUSES:
+                done.append(json.loads(params.read_text()))
+        except ValueError:
+            continue
+    return done
+
+
+def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing, *, cost: EngineCost | None = None,
+              so_far: float = 0.0, before: float | None = None,
+              finished: Sequence[Mapping[str, Any]] = ()) -> SweepPlan:
+    """The sweep's estimate from its trials' `timing` and the resources of `opts` (its GPUs per trial resolved):
+    with the engine's `cost` measured on this machine (None: a joined cluster's, not counted), `so_far` seconds the
+    sweep has already run (its data, this timing: what its recorded wall time, `record.SWEEP_WALL_S`, counts),
+    `before` seconds its process ran before the sweep began (Python's start, imports: said, not counted), and the
+    configs of trials `finished` before (a resumed sweep: planned without them)."""
     trials = grid_size(study.space) * study.num_samples
     stacked = study.space.stacked_key()
-    runs = trials * (len(study.space[stacked].values) if stacked else 1)
     points = study.space.trial_points()
     grid = is_grid(study)
     # A search samples its trials from the space: each is counted at the mean over the points it can be (a choice's
     # values equally likely; a range's two ends)
     seconds = list(timing.seconds) if grid else [sum(timing.seconds) / len(timing.seconds)] * trials
+    testing = list(timing.testing_s) or [0.0] * len(timing.seconds)
+    testing = testing if grid else [sum(testing) / len(testing)] * trials
+    if grid:
+        left = [i for i, p in enumerate(points) if not any(_same_point(p, c) for c in finished)]
+    else:
+        left = list(range(max(trials - len(finished), 0)))
+    seconds, testing = [seconds[i] for i in left], [testing[i] for i in left]
+    n_left = len(left)
+    runs = trials * (len(study.space[stacked].values) if stacked else 1)
     reasons = [r for r, holds in ((timing.ends_early, bool(timing.ends_early)),
                                   ("early stopping or a scheduler may end trials sooner",
                                    any(study.may_end_early(p) for p in points))) if holds]
-    at_most = bool(reasons)
-    node = local_node(opts)
-    at_once, cards = trials_at_once(opts.cpus_per_trial, opts.gpus_per_trial, node, opts.max_concurrent, trials)
     gpu = opts.gpus_per_trial > 0
-    wall = makespan(seconds, cards if gpu else at_once)
+    node = local_node(opts)
+    at_once, cards = trials_at_once(opts.cpus_per_trial, opts.gpus_per_trial, node, opts.max_concurrent,
+                                    max(n_left, 1))
+    packed = gpu and opts.gpus_per_trial < 1 and at_once > cards
+    if packed:
+        reasons.append("trials sharing a card are counted as taking turns on it, though packed trials gain "
+                       "(1.65x for 3 bf16 trials on an H200)")
+    at_most = bool(reasons)
+    slots = cards if gpu else at_once
+    per_trial = cost.between_s + cost.report_s if cost else 0.0
+    trials_s = makespan([s + per_trial for s in seconds], slots, cost.first_trial_s if cost else 0.0) if left else 0.0
+    ray_s, end_s = (cost.ray_start_s, cost.end_s) if cost else (0.0, 0.0)
+    wall = so_far + ray_s + trials_s + end_s
     hours = wall * cards / 3600 if gpu else sum(seconds) * opts.cpus_per_trial / 3600
     unit = "card-hours" if gpu else "core-hours"
     bound = "at most " if at_most else ""
 
     what = f"{counted(trials, 'trial')}" + (f" ({counted(runs, 'run')}, {len(study.space[stacked].values)} stacked "
                                             f"per trial)" if stacked else "")
+    if opts.resume:
+        what += f", {n_left} left to run"
     why = f" ({'; '.join(reasons)})" if reasons else ""
     lines = [f"plan: {what} of {opts.sweep} --preset {study.preset}, {bound}{timing.budget}{why}"]
     ran_on = "a CPU, as the trials will" if not gpu else "a GPU, as the trials will"
     if gpu and not timing.device.startswith("cuda"):
         ran_on = "this driver's CPU: it sees no GPU, so the cluster's GPU trials may be much faster"
     where = f" (--address {opts.address}: timed on this driver's machine)" if opts.address else ""
-    lines.append(f"plan: timed on {timing.device}, {ran_on}{where}: the longest trial, {timing.trial}, "
-                 f"{bound}{duration(max(timing.seconds))}" + ("" if grid else f"; a sampled trial {bound}"
-                                                                      f"{duration(seconds[0])} on average"))
+    kinds = f"{counted(timing.kinds, 'kind')} of trial timed, " if timing.kinds else ""
+    last = f", of which its test and latency {duration(max(timing.testing_s))}" if any(timing.testing_s) else ""
+    lines.append(f"plan: timed on {timing.device}, {ran_on}{where}: {kinds}the longest trial, {timing.trial}, "
+                 f"{bound}{duration(max(timing.seconds))}{last}" + ("" if grid else f"; a sampled trial {bound}"
+                                                                         f"{duration(seconds[0] if seconds else 0)} "
+                                                                         f"on average"))
     if gpu:
         share = (f"{counted(at_once, 'trial')} at once on {counted(cards, 'GPU')} ({opts.gpus_per_trial:g} GPU per "
-                 f"trial; trials sharing a card time-slice it)")
+                 f"trial)")
     else:
         share = f"{counted(at_once, 'trial')} at once ({opts.cpus_per_trial:g} CPU per trial of {node['CPU']:g})"
     assumed = " (the cluster is not joined to plan: one node like this machine, or --max-concurrent)" \
         if opts.address else ""
     lines.append(f"plan: {share}{assumed}: wall {bound}{duration(wall)}, {hours:.3g} {unit}")
+    earlier = f"; the {duration(before)} this process ran before the sweep began are not in it" if before else ""
+    if cost:
+        lines.append(f"plan: the wall is the sweep so far {duration(so_far)} (the data, this timing), "
+                     f"Ray's start {duration(ray_s)}, the trials {duration(trials_s)} (a slot's first trial process "
+                     f"{duration(cost.first_trial_s)}, then {per_trial:.2f} s of Ray's per trial) and the end "
+                     f"{duration(end_s)}; Ray's figures measured on this machine {cost.when()}{earlier}")
+    else:
+        lines.append(f"plan: the wall is the sweep so far {duration(so_far)} and the trials {duration(trials_s)}: "
+                     f"the cluster's start and Ray's per-trial overhead there are not in it{earlier}")
     return SweepPlan(trials=trials, runs=runs, at_once=at_once, wall_s=wall, device_hours=hours, unit=unit,
-                     longest_s=max(timing.seconds), at_most=at_most, device=timing.device, lines=tuple(lines))
+                     longest_s=max(timing.seconds), at_most=at_most, device=timing.device, lines=tuple(lines),
+                     testing_s=sum(testing) / len(testing) if testing else 0.0)
+
+
+def _same_point(point: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
+    """Whether a trial's `config` (as Tune stored it: JSON) is the space's `point`."""
+    return all(k in config and config[k] == (list(v) if isinstance(v, tuple) else v) for k, v in point.items())

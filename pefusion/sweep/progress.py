@@ -46,6 +46,14 @@ class Progress(tune.Callback):
     epochs: dict[str, int] = field(default_factory=dict)  # trial id -> its last epoch (a resumed one's restored)
     epochs_here: int = 0  # epoch reports this driver received, all trials together (the rate of a study with epochs)
     first_start: float | None = None  # when this driver saw its first trial start
+    # A trial's last phase (its final test and latency passes, after its last epoch: `record.PHASE`): the plan's
+    # estimate of its seconds (0: none), the phases running (trial id -> when it began) and those measured here, as
+    # (began, ended).
+    testing_s_planned: float = 0.0
+    testing: dict[str, float] = field(default_factory=dict)
+    tested: list[tuple[float, float]] = field(default_factory=list)
+    last_epoch_at: float | None = None  # when this driver received its latest epoch report
+    most_running: int = 0  # the most trials seen running at once: the slots the sweep's work shares
     unsaid: list[tuple[float, str]] = field(default_factory=list)  # (when, what) of trial ends not yet printed
 
     def __post_init__(self) -> None:
@@ -98,6 +106,9 @@ class Progress(tune.Callback):
         if R.STATUS not in result and R.EPOCH in result:
             self.epochs[trial.trial_id] = int(result[R.EPOCH])
             self.epochs_here += 1
+            self.last_epoch_at = self.clock()
+            if result.get(R.PHASE) == R.PHASE_TESTING:
+                self.testing[trial.trial_id] = self.last_epoch_at
 
     def complete(self, trial: Trial, trials: list[Trial]) -> None:
         self._concluded(trial, failed=False)
@@ -110,6 +121,9 @@ class Progress(tune.Callback):
         if trial.trial_id not in self.ran:
             self.start(trial)
         ended = finals(trial, runs_of(trial.trial_id, trial.config, self.stack_key), failed=failed)
+        began = self.testing.pop(trial.trial_id, None)
+        if began is not None and not failed:
+            self.tested.append((began, self.clock()))
         self.concluded[trial.trial_id] = trial_status(ended)
         self.finished_here += 1
         if self.progress:  # said as the next trial starts, or `settle_s` later (`step`)
@@ -182,10 +196,13 @@ class Progress(tune.Callback):
                    and t.status in (Trial.RUNNING, Trial.PENDING)]
         failed = sum(s not in R.SUCCESS_STATUSES for s in self.concluded.values())
         elapsed = self.said_at - self.started_at
+        self.most_running = max(self.most_running, len(running))
         epochs = ""
         if self.planned_epochs is not None and running:
+            testing = sum(t.trial_id in self.testing for t in running)
             epochs = (f" ({sum(self.epochs.get(t.trial_id, 0) for t in running)}/"
-                      f"{sum(self.planned_epochs(t.config) for t in running)} epochs)")
+                      f"{sum(self.planned_epochs(t.config) for t in running)} epochs"
+                      + (f", {testing} testing" if testing else "") + ")")
         print(f"[{time.strftime('%H:%M:%S', time.localtime(self.said_at))}] {done}/{n} done ({failed} failed), "
               f"{len(running)} running{epochs}, {n - done - len(running)} pending; {_duration(elapsed)} elapsed, "
               f"{self.time_left(trials, n, over, running)}" + (f"; {ended}" if ended else ""), flush=True)
@@ -210,24 +227,43 @@ class Progress(tune.Callback):
         return f"~{_duration((n - len(over) - partial) / rate)} left"
 
     def _epochs_left(self, trials: Sequence[Trial], n: int, over: set[str]) -> str:
-        """The epochs left over the epochs per second this driver's trials have trained, all together.
+        """The work left, in slot-seconds, over the slots the sweep runs at once (the most trials seen running, at
+        most the trials left): each trial's epochs left at the seconds an epoch has taken a slot here, plus its
+        last phase (the final test and latency passes) at the mean of those measured here, else the plan's
+        estimate, less what a trial in it has spent so far. An epoch's slot-seconds are measured up to the latest
+        epoch report, less the last phases in that time: a trial testing neither slows the epochs nor adds one.
 
         A trial's length is its planned epochs until trials have ended here, then the mean of what those ran (a
         trial that failed says nothing of the others), never more than its plan and at least one epoch past what
-        it has done. While it is the plan and a trial may end sooner (early stopping, a scheduler), the estimate
-        is an upper bound and says so. Trials a search has not made yet are as long as the longest known one.
+        it has done unless it is testing. While it is the plan and a trial may end sooner (early stopping, a
+        scheduler), the estimate is an upper bound and says so. Trials a search has not made yet are as long as the
+        longest known one.
         """
-        if not self.epochs_here or self.first_start is None:
+        if not self.epochs_here or self.first_start is None or self.last_epoch_at is None:
             return "time left known after the first epoch"
-        rate = self.epochs_here / max(self.said_at - self.first_start, 1e-9)
+        now, slots = self.said_at, max(self.most_running, 1)
+        in_testing = sum(min(end, self.last_epoch_at) - start for start, end in self.tested
+                         if start < self.last_epoch_at)
+        in_testing += sum(max(self.last_epoch_at - start, 0.0) for start in self.testing.values())
+        epoch_s = max(slots * (self.last_epoch_at - self.first_start) - in_testing, 1e-9) / self.epochs_here
+        measured = [end - start for start, end in self.tested]
+        testing_s = sum(measured) / len(measured) if measured else self.testing_s_planned
         ran = [self.epochs[t] for t, status in self.concluded.items()
                if status in R.SUCCESS_STATUSES and t in self.epochs]
         typical = sum(ran) / len(ran) if ran else math.inf
         lengths = {t.trial_id: min(typical, self.planned_epochs(t.config)) for t in trials}
-        left = sum(max(lengths[t.trial_id] - self.epochs.get(t.trial_id, 0), 1) for t in trials
-                   if t.trial_id not in over)
-        left += max(n - len(trials), 0) * max(lengths.values(), default=0)
-        text = f"~{_duration(left / rate)} left"
+        work, left_trials = 0.0, 0
+        for t in trials:
+            if t.trial_id in over:
+                continue
+            left_trials += 1
+            if t.trial_id in self.testing:  # past its epochs: what is left of its last phase
+                work += max(testing_s - (now - self.testing[t.trial_id]), 0.0)
+            else:
+                work += max(lengths[t.trial_id] - self.epochs.get(t.trial_id, 0), 1) * epoch_s + testing_s
+        unmade = max(n - len(trials), 0)
+        work += unmade * (max(lengths.values(), default=0) * epoch_s + testing_s)
+        text = f"~{_duration(work / max(min(slots, left_trials + unmade), 1))} left"
         if not ran and any(self.may_end_early(t.config) for t in trials):
             text += " at most (trials may stop early)"
         return text

@@ -168,6 +168,11 @@ def run_tune(settled: SettledSweep, shipped: Mapping[str, Any], callbacks: Seque
         tuner.fit()
 
 
+def tune_env() -> dict[str, str]:
+    """What `_tune_env` sets: `TUNE_ENV` where the user set none, and Tune's default loggers off."""
+    return {**{k: v for k, v in TUNE_ENV.items() if k not in os.environ}, "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+
+
 @contextlib.contextmanager
 def _tune_env() -> Iterator[None]:
     """`TUNE_ENV` (where the user set none), and Tune without its default TensorBoard and CSV loggers, while the
@@ -177,7 +182,7 @@ def _tune_env() -> Iterator[None]:
     trial, progress.csv), and nothing here reads them; the JSON logger stays (`run_tune` passes it). Scoped to the
     sweep: other Tune runs of the process keep Tune's defaults.
     """
-    wanted = {**{k: v for k, v in TUNE_ENV.items() if k not in os.environ}, "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+    wanted = tune_env()
     before = {k: os.environ.get(k) for k in wanted}
     os.environ.update(wanted)
     try:

@@ -1,0 +1,114 @@
+"""What a sweep costs beyond its trials' own work, measured on this machine for `--plan` (`pefusion.sweep.plan`):
+Ray's start, a trial slot's first trial (Tune making the trial's process, which imports torch, Ray Tune and the
+trainable), the gap between two trials of a slot (the final report, the actor's reset), each report with its
+checkpoint, and the end (Tune's last bookkeeping and Ray's shutdown).
+
+Measured by a tiny sweep: a fresh process starts a local Ray cluster of the sweep's CPUs and runs two trials per
+slot through Tune as the engine runs them (one CPU each, actors reused), each importing what a PE-fusion trial
+imports and reporting `REPORTS` results with a checkpoint, and doing no work. The figures are kept in pefusion's
+cache folder, one file per machine, CPU count and Ray version, and measured again after `MAX_AGE_S`: a plan pays
+the tiny sweep (about 10 s) once a day on a machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping
+
+REPORTS = 3  # results each measuring trial reports, each with a checkpoint
+MAX_AGE_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class EngineCost:
+    """Seconds, measured on this machine (`measure`)."""
+
+    ray_start_s: float  # ray.init of a local cluster
+    first_trial_s: float  # a slot's first trial: from Tune's start to the trial's first line (its process, imports)
+    between_s: float  # a slot's next trial: from one trial's end to the next one's start
+    report_s: float  # one result reported with its checkpoint, inside the trial
+    end_s: float  # from the last trial's end to Ray shut down
+    measured_at: float  # Unix seconds
+
+    def when(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at))
+
+
+def _trial(config: dict) -> None:
+    """A measuring trial: what a PE-fusion trial's process imports, then `REPORTS` reports with a checkpoint."""
+    import pefusion.fusion.trainable  # noqa: F401
+    from ray import tune
+
+    started = time.time()
+    for epoch in range(1, REPORTS + 1):
+        with tempfile.TemporaryDirectory() as folder:
+            (Path(folder) / "state.pt").write_bytes(b"\0" * 4096)
+            tune.report({"epoch": epoch, "started_at": started, "ended_at": time.time()},
+                        checkpoint=tune.Checkpoint.from_directory(folder))
+
+
+def measure(slots: int, env: Mapping[str, str]) -> EngineCost:
+    """The tiny sweep (see the module docstring) on a local cluster of `slots` CPUs, `slots` trials at once, with
+    Tune's environment `env` as the engine sets it; run it in a fresh process
+    (`pefusion.sweep.gpus.in_fresh_process`): it starts and stops its own cluster."""
+    import ray
+    from ray import tune
+
+    devnull = os.open(os.devnull, os.O_WRONLY)  # Tune's and Ray's lines: this process is the measurement's own
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.environ.update(env)
+    start = time.time()
+    ray.init(address="local", num_cpus=slots, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    started = time.time()
+    try:
+        with tempfile.TemporaryDirectory() as storage:
+            tune_start = time.time()
+            grid = tune.Tuner(
+                tune.with_resources(_trial, {"cpu": 1}), param_space={"i": tune.grid_search(list(range(2 * slots)))},
+                tune_config=tune.TuneConfig(max_concurrent_trials=slots, reuse_actors=True),
+                run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
+            last = sorted((r.metrics["started_at"], r.metrics["ended_at"]) for r in grid)  # each trial's last report
+    finally:
+        ray.shutdown()
+    ended = time.time()
+    starts, ends = [s for s, _ in last], [e for _, e in last]
+    first = [s - tune_start for s in starts[:slots]]
+    # the later trials, each in the slot freed first (the slots are alike)
+    free = sorted(ends[:slots])
+    gaps = []
+    for s, e in zip(starts[slots:], ends[slots:]):
+        gaps.append(max(s - free.pop(0), 0.0))
+        free = sorted(free + [e])
+    return EngineCost(ray_start_s=started - start, first_trial_s=sum(first) / len(first),
+                      between_s=sum(gaps) / max(len(gaps), 1),
+                      report_s=sum(e - s for s, e in last) / len(last) / REPORTS,
+                      end_s=ended - max(ends), measured_at=ended)
+
+
+def engine_cost(slots: int, env: Mapping[str, str], cache: Path | None = None) -> EngineCost:
+    """This machine's figures for a local cluster of `slots` CPUs: the cached ones when younger than `MAX_AGE_S`,
+    else measured now (a tiny sweep in a fresh process, Tune's environment `env`) and cached."""
+    import ray
+
+    from pefusion import cache_home
+    from pefusion.sweep.gpus import in_fresh_process
+
+    path = (cache or cache_home()) / "engine_cost" / f"{socket.gethostname()}-{slots}cpu-ray{ray.__version__}.json"
+    try:
+        kept = EngineCost(**json.loads(path.read_text()))
+        if time.time() - kept.measured_at < MAX_AGE_S:
+            return kept
+    except (OSError, ValueError, TypeError):
+        pass
+    cost = in_fresh_process(measure, slots, dict(env))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(cost)))
+    tmp.replace(path)
+    return cost
