@@ -602,26 +602,49 @@ def test_lambda_cv_phase_figure_labels_lambda_star_and_a_small_d_says_it_cannot_
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _paper_sample(mean: float, sd: float, n: int) -> np.ndarray:
+    """n values with exactly this mean and sample SD: the paper's seeds as scipy's two-sample test reads them."""
+    z = np.random.default_rng(n).normal(size=n)
+    return mean + sd * (z - z.mean()) / z.std(ddof=1)
+
+
 @pytest.mark.parametrize("ours,paper", [
-    ([83.1, 83.5, 83.2, 83.6, 83.3], 83.28),  # the paper's mean inside our interval
-    ([84.0, 84.2, 84.1], 83.28),  # all of our interval above it
-    ([82.0, 82.9, 81.7, 82.4], 83.28),  # below it
-    ([83.0, 83.0], 83.0),  # no spread: the interval is the point, which the paper's mean equals
-])
-def test_verdict_against_an_independent_t_interval(ours, paper):
-    n, mean = len(ours), float(np.mean(ours))
-    low, high = stats.t.interval(0.95, n - 1, loc=mean, scale=stats.sem(ours)) if np.std(ours) else (mean, mean)
-    expected = "within" if low <= paper <= high else ("above" if low > paper else "below")
-    got = PB.verdict(ours, paper)
-    assert got["verdict"] == expected and got["n"] == n
-    assert got["delta"] == pytest.approx(mean - paper, abs=1e-12)
+    ([83.1, 83.5, 83.2, 83.6, 83.3], (83.28, 0.15)),  # the paper's mean inside our one-sample interval: consistent
+    ([84.0, 84.2, 84.1], (83.28, 0.15)),  # above
+    ([82.0, 82.9, 81.7, 82.4], (83.28, 0.15)),  # below
+    ([83.0, 83.0], (82.9, 0.13)),  # no spread on our side: a one-sample interval would be the point, 0.1 above
+    ([62.1, 66.3], (59.22, 1.07)),  # two seeds 4.9 pp above a wide cell: the difference's interval holds 0
+    ([60.0, 60.5, 60.2, 60.4, 60.1], (59.22, 1.07)),  # the paper's mean outside our one-sample interval, yet
+])                                                      # its own spread over five seeds keeps the Welch interval
+def test_verdict_is_welchs_two_sample_test_against_scipy_on_the_papers_seeds(ours, paper):
+    """The difference ours − paper, its 95 % interval and p-value as scipy's Welch test computes them on a
+    sample with the paper's mean and SD, the verdict from them, and `detectable` from the non-central t."""
+    mean, sd = paper
+    test = stats.ttest_ind(ours, _paper_sample(mean, sd, 5), equal_var=False)
+    low, high = test.confidence_interval(0.95)
+    expected = "above" if low > 0 else "below" if high < 0 else "consistent"
+    got = PB.verdict(ours, mean, sd, 5)
+    assert got["verdict"] == expected and got["n"] == len(ours)
+    assert got["delta"] == pytest.approx(np.mean(ours) - mean, abs=1e-12)
     assert (got["ci95_low"], got["ci95_high"]) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
+    assert got["p_value"] == pytest.approx(test.pvalue, rel=1e-9)
+    se = math.sqrt(np.var(ours, ddof=1) / len(ours) + sd ** 2 / 5)
+    critical, shift = stats.t.ppf(0.975, test.df), got["detectable"] / se  # either tail rejects
+    power = stats.nct.sf(critical, test.df, shift) + stats.nct.sf(critical, test.df, -shift)
+    assert power == pytest.approx(0.8, abs=1e-6)
+
+
+def test_the_two_last_verdicts_are_the_ones_a_one_sample_interval_gets_wrong():
+    assert PB.verdict([83.0, 83.0], 82.9, 0.13, 5)["verdict"] == PB.CONSISTENT
+    assert PB.verdict([60.0, 60.5, 60.2, 60.4, 60.1], 59.22, 1.07, 5)["verdict"] == PB.CONSISTENT
+    assert PB.verdict([62.1, 66.3], 59.22, 1.07, 5)["detectable"] > 10  # two seeds could miss 10 pp
 
 
 def test_verdict_of_one_seed_has_no_interval():
-    got = PB.verdict([84.0], 83.28)
-    assert got["verdict"] == "one seed: no interval" and math.isnan(got["ci95_low"]) and math.isnan(got["ci95_high"])
-    assert got["delta"] == pytest.approx(0.72)
+    got = PB.verdict([84.0], 83.28, 0.15, 5)
+    assert got["verdict"] == "one seed: no verdict" and math.isnan(got["ci95_low"]) and math.isnan(got["ci95_high"])
+    assert got["delta"] == pytest.approx(0.72) and math.isnan(got["detectable"])
+    assert PB.verdict([], 83.28, 0.15, 5)["verdict"] == PB.NO_RUN
 
 
 def table1_runs(preset: str, dataset: str, accs: dict[str, list[float]], **params) -> pd.DataFrame:
@@ -644,17 +667,20 @@ def test_imdb_runs_are_compared_with_table1_whatever_their_data_folder_is_called
         row, paper = table.loc[fu], PB.TABLE1_IMDB.cells[("sinusoidal", fu)]
         assert (row.published_mean, row.published_std) == paper
         assert row.delta_vs_paper == pytest.approx(np.mean(values) - paper[0])
-        assert row.verdict == PB.verdict(values, paper[0])["verdict"]
+        judged = PB.verdict(values, *paper, 5)
+        assert row.verdict == judged["verdict"]
+        assert [row.delta_ci95_low, row.delta_ci95_high, row.detectable] == pytest.approx(
+            [judged["ci95_low"], judged["ci95_high"], judged["detectable"]], nan_ok=True)
         assert row.protocol == "as published"
-    assert list(table.verdict) == ["within", "below", "one seed: no interval"]
+    assert list(table.verdict) == ["consistent", "below", "one seed: no verdict"]
     # A --data-dir folder named `small`, one epoch at 128 tokens: still IMDB's row, marked as a changed protocol.
     changed = FT.table1(table1_runs("imdb", "small", {"add": [70.0]}, max_len=128, max_epochs=1))
     row = changed.iloc[0]
-    assert (row.published_mean, row.verdict) == (83.28, "one seed: no interval")
+    assert (row.published_mean, row.verdict) == (83.28, "one seed: no verdict")
     assert row.protocol.startswith("changed: ") and "max_len 512→128" in row.protocol
     assert "max_epochs 20→1" in row.protocol and "data small (not stanfordnlp/imdb)" in row.protocol
     shown = FM.to_markdown(FT.table1_display(changed, digits=2))
-    assert "83.28 ± 0.15" in shown and "| one seed: no interval |" in shown and "-13.28" in shown
+    assert "83.28 ± 0.15" in shown and "| one seed: no verdict |" in shown and "-13.28" in shown
 
 
 def test_agnews_and_arxiv_runs_find_their_tables_and_other_presets_none():

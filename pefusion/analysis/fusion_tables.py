@@ -78,14 +78,18 @@ TABLE1_DOC = {
     "published_mean": "the paper's mean test accuracy over its seeds 0-4, % (presets with published numbers)",
     "published_std": "the paper's standard deviation over its seeds 0-4, %",
     "delta_vs_paper": "our mean minus the paper's, percentage points",
-    "test_acc_ci95_low": "lower end of the 95 % t-interval of our mean, %",
-    "test_acc_ci95_high": "upper end of the 95 % t-interval of our mean, %",
-    "verdict": "within: the paper's mean lies in our interval; above / below: our whole interval lies above / "
-               "below it; one seed: no interval",
+    "delta_ci95_low": "lower end of the difference's 95 % Welch interval (our seeds and the paper's five as two "
+                      "samples), percentage points",
+    "delta_ci95_high": "upper end of the difference's 95 % Welch interval, percentage points",
+    "detectable": "the smallest difference (either sign) these seeds and the paper's would call above or below "
+                  "80 % of the time, percentage points",
+    "verdict": "above / below: the difference's interval excludes 0 (Welch's test at 5 %, two-sided); consistent: "
+               "it holds 0, which says no more than that a difference under `detectable` could be missed; one "
+               "seed: no verdict",
     "protocol": "'as published', or each recorded setting (and the data) that differs from the preset's",
 }
-PUBLISHED_COLUMNS = ("published_mean", "published_std", "delta_vs_paper", "test_acc_ci95_low", "test_acc_ci95_high",
-                     "verdict", "protocol")
+PUBLISHED_COLUMNS = ("published_mean", "published_std", "delta_vs_paper", "delta_ci95_low", "delta_ci95_high",
+                     "detectable", "verdict", "protocol")
 
 
 def table1(runs: pd.DataFrame) -> pd.DataFrame:
@@ -123,11 +127,11 @@ def table1(runs: pd.DataFrame) -> pd.DataFrame:
     for pe, fu in zip(table.pe_type, table.fusion):
         cell = ok[(ok[R.PE_TYPE] == pe) & (ok[R.FUSION] == fu)]
         mean, std = paper.cells.get((pe, fu), (math.nan, math.nan))
-        judged = PB.verdict(cell[R.TEST_ACC].astype(float) * 100, mean)
+        judged = PB.verdict(cell[R.TEST_ACC].astype(float) * 100, mean, std, paper.n_seeds)
         if math.isnan(mean):
             judged.update(delta=math.nan, verdict=f"not in the paper's {paper.table}")
         extra.append(dict(zip(PUBLISHED_COLUMNS, (mean, std, judged["delta"], judged["ci95_low"], judged["ci95_high"],
-                                                  judged["verdict"], protocol(cell, preset)))))
+                                                  judged["detectable"], judged["verdict"], protocol(cell, preset)))))
     table = pd.concat([table, pd.DataFrame(extra, columns=list(PUBLISHED_COLUMNS))], axis=1)
     table.attrs["published"] = paper.label
     return table
@@ -172,10 +176,12 @@ def table1_display(table: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
                         "test accuracy (%), mean ± SD": pm("test_acc", digits)})
     if "published_mean" in table:
         out["test accuracy, paper (%), seeds 0–4"] = pm("published", 2)
-        out["ours − paper (pp)"] = ["–" if pd.isna(d) else f"{d:+.{digits}f}" for d in table.delta_vs_paper]
-        out["our 95 % CI (%)"] = ["–" if pd.isna(lo) else f"{lo:.{digits}f} – {hi:.{digits}f}"
-                                  for lo, hi in zip(table.test_acc_ci95_low, table.test_acc_ci95_high)]
-        out["verdict"] = table.verdict
+        out["ours − paper (pp), 95 % CI"] = [
+            "–" if pd.isna(d) else f"{d:+.{digits}f}" if pd.isna(lo) else
+            f"{d:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+            for d, lo, hi in zip(table.delta_vs_paper, table.delta_ci95_low, table.delta_ci95_high)]
+        out["verdict (Welch, 5 %)"] = table.verdict
+        out["detectable at 80 % power (pp)"] = ["–" if pd.isna(x) else f"{x:.{digits}f}" for x in table.detectable]
         out["protocol"] = table.protocol
     out["parameters"] = ["–" if pd.isna(p) else f"{p:,.0f}" for p in table.params_mean]
     out["latency (ms / sample)"] = pm("lat_ms", 3)
