@@ -543,20 +543,24 @@ def _gaps(per_seed: dict[float, list[float]], omega: float = 0.2) -> pd.DataFram
                          for a, gaps in per_seed.items() for s, g in enumerate(gaps)])
 
 
-def test_points_called_from_their_seeds_and_every_crossing_listed():
-    per_seed = {0.8: [-4.0, -3.0, -2.0], 1.0: [-2.0, 0.5, 3.0], 1.2: [1.0, 2.0, 3.0], 1.4: [-5.0, -6.0, -7.0],
+def test_points_called_from_their_seeds_by_a_t_test_and_every_crossing_listed():
+    per_seed = {0.8: [-4.0, -3.0, -2.0], 1.0: [-2.0, 0.5, 3.0], 1.2: [1.5, 2.0, 2.5], 1.4: [-5.0, -6.0, -7.0],
                 1.6: [2.0, 2.0, 2.0 + 1e-6]}
     summary = ST.student_delta_summary(_gaps(per_seed)).set_index(R.ALPHA)
-    # mean / SE: -3/0.58 at 0.8, 0.5/1.44 at 1.0 (within 2 SE), 2/0.58 at 1.2, -6/0.58 at 1.4, 2/3e-7 at 1.6
     assert summary["delta_eps_t_se"].to_dict() == pytest.approx(
         {a: statistics.stdev(g) / len(g) ** 0.5 for a, g in per_seed.items()}, rel=1e-6)
-    assert summary[ST.CALL].to_dict() == {0.8: "positional", 1.0: "undecided", 1.2: "semantic", 1.4: "positional",
-                                          1.6: "semantic"}
-    # a mean within 2 SE but with the same sign stays undecided; one seed is never decided
-    edge = ST.student_delta_summary(_gaps({1.0: [0.5, 1.0, 4.0], 2.0: [5.0]})).set_index(R.ALPHA)
-    assert edge.loc[1.0, "delta_eps_t_mean"] == pytest.approx(5.5 / 3) and edge.loc[1.0, ST.CALL] == "undecided"
-    assert edge.loc[2.0, ST.CALL] == "undecided"
-    row = ST.crossing_alphas(_gaps(per_seed), {0.2: 0.928}, draws=200).iloc[0]
+    # each point's call is scipy's one-sample t-test of its three gaps at 5 %, two-sided, with the mean's sign
+    expected = {a: "undecided" if stats.ttest_1samp(g, 0).pvalue >= 0.05 else
+                "semantic" if np.mean(g) > 0 else "positional" for a, g in per_seed.items()}
+    assert expected == {0.8: "positional", 1.0: "undecided", 1.2: "semantic", 1.4: "positional",
+                        1.6: "semantic"}
+    assert summary[ST.CALL].to_dict() == expected
+    # 2 SE is not a 5 % test with 3 seeds: mean 2, SE 0.58 is 3.5 SE from 0 but under t_2 = 4.30 SE; one seed is
+    # never decided
+    edge = ST.student_delta_summary(_gaps({1.0: [1.0, 2.0, 3.0], 1.5: [1.0, 2.0, 3.0, 2.0, 1.5], 2.0: [5.0]}))
+    edge = edge.set_index(R.ALPHA)[ST.CALL].to_dict()
+    assert edge == {1.0: "undecided", 1.5: "semantic", 2.0: "undecided"}
+    row = ST.crossing_alphas(_gaps(per_seed), {0.2: 0.928}).iloc[0]
     # the means -3, 0.5, 2, -6, 2: − → + at 0.8 + 0.2·3/3.5, + → − at 1.2 + 0.2·2/8, − → + at 1.4 + 0.2·6/8
     first, second, third = 0.8 + 0.2 * 3 / 3.5, 1.2 + 0.2 * 2 / 8, 1.4 + 0.2 * 6 / 8
     assert row.sign_changes == f"{first:.3f}(−+);{second:.3f}(+−);{third:.3f}(−+)" and row.n_sign_changes == 3
@@ -564,17 +568,65 @@ def test_points_called_from_their_seeds_and_every_crossing_listed():
     assert row.n_call_changes == 3  # positional, [undecided], semantic, positional, semantic
 
 
-def test_bootstrap_interval_over_seeds_covers_a_planted_crossing():
-    rng = np.random.default_rng(7)
-    alphas = np.round(np.arange(0.5, 1.55, 0.1), 2)
-    offsets = rng.normal(0, 0.02, 12)  # per seed: one teacher and data set shift the whole curve
-    per_seed = {a: list(0.1 * (a - 0.93) + offsets + rng.normal(0, 0.004, 12)) for a in alphas}
-    row = ST.crossing_alphas(_gaps(per_seed), draws=1000).iloc[0]
-    assert row.alpha_c_low < 0.93 < row.alpha_c_high and row.alpha_c_high - row.alpha_c_low < 0.4
-    assert row.n_seeds == 12 and row.bootstrap_crossed > 0.9 and row.n_sign_changes == 1
-    # the interval is from the seeds, not the α grid: a single seed gives none
-    one = ST.crossing_alphas(_gaps({a: g[:1] for a, g in per_seed.items()})).iloc[0]
-    assert np.isnan(one.alpha_c_low) and np.isnan(one.alpha_c_high)
+def _t_bounds(gaps: dict[float, list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """α and each point's 95 % t-interval of its seed mean, from scipy."""
+    alpha = np.array(sorted(gaps))
+    ends = np.array([stats.t.interval(0.95, len(gaps[a]) - 1, loc=np.mean(gaps[a]), scale=stats.sem(gaps[a]))
+                     for a in alpha])
+    return alpha, ends[:, 0], ends[:, 1]
+
+
+def _zero(x0: float, x1: float, y0: float, y1: float) -> float:
+    return x0 + (x1 - x0) * y0 / (y0 - y1)
+
+
+def test_alpha_c_interval_inverts_each_points_t_test_with_the_interpolation_error_inside():
+    """The last point whose 95 % t-interval lies below 0 and the first above it after it bracket α_c; the ends
+    are where the intervals' upper / lower ends cross 0, on the line and on the parabolas through a neighbour,
+    the outermost."""
+    gaps = {0.5: [-3.0, -2.5, -3.5], 0.75: [-1.5, -1.0, -2.0], 1.0: [-0.6, 0.4, 0.1], 1.25: [0.9, 1.2, 1.0],
+            1.5: [2.5, 3.0, 3.3]}
+    alpha, lower, upper = _t_bounds(gaps)
+    assert list(upper < 0) == [True, True, False, False, False] and list(lower > 0) == [False] * 3 + [True] * 2
+    lows = [_zero(0.75, 1.0, upper[1], upper[2])]  # upper end's zeros between 0.75 and 1.0
+    highs = [_zero(1.0, 1.25, lower[2], lower[3])]
+    for first, ends, out, lo in ((0, upper, lows, 0.75), (1, upper, lows, 0.75), (1, lower, highs, 1.0),
+                                 (2, lower, highs, 1.0)):
+        parabola = np.polynomial.Polynomial.fit(alpha[first:first + 3], ends[first:first + 3], 2)
+        out += [r.real for r in parabola.roots() if abs(r.imag) < 1e-9 and lo <= r.real <= lo + 0.25]
+    per_seed = np.array([gaps[a] for a in alpha]).T  # (S, A)
+    low, high, why = ST.alpha_c_interval(per_seed, alpha)
+    assert (low, high) == (pytest.approx(min(lows), abs=1e-9), pytest.approx(max(highs), abs=1e-9))
+    assert min(lows) < lows[0] and max(highs) > highs[0] and why == ""  # the parabolas widened both ends
+    # at 80 % the ends move in: a 50 % or 80 % interval is not a 95 % one
+    narrower = ST.alpha_c_interval(per_seed, alpha, level=0.8)
+    assert low < narrower.low and narrower.high < high
+    # the same through the report's table, with the column saying both sides are closed
+    row = ST.crossing_alphas(_gaps(gaps)).iloc[0]
+    assert (row.alpha_c_low, row.alpha_c_high, row.alpha_c_open) == (low, high, "")
+
+
+def test_alpha_c_interval_is_open_where_the_crossing_may_lie_beyond_the_grid_and_nan_only_without_seeds():
+    alpha = np.array([0.5, 0.75, 1.0])
+    rising = np.array([[-2.0, -0.5, 1.0], [-2.5, 0.3, 1.2], [-1.5, -0.2, 0.9]])  # (S, A)
+    closed = ST.alpha_c_interval(rising, alpha)
+    assert np.isfinite([closed.low, closed.high]).all() and 0.5 < closed.low < closed.high <= 1.0
+    # every point confidently positive: α_c lies below the grid, at most its first α
+    below = ST.alpha_c_interval(rising + 5, alpha)
+    assert below.low == -math.inf and below.high == 0.5 and below.why.startswith("open below")
+    # every point confidently negative: above the grid, at least its last α
+    above = ST.alpha_c_interval(rising - 5, alpha)
+    assert above.low == 1.0 and above.high == math.inf and above.why.startswith("open above")
+    # a first point still negative but not confidently: open below, closed above
+    loose = rising.copy()
+    loose[:, 0] = [-3.0, 1.0, -1.0]
+    half_open = ST.alpha_c_interval(loose, alpha)
+    assert half_open.low == -math.inf and half_open.high == closed.high
+    # one seed, or a single α with two seeds: no interval at all
+    assert all(math.isnan(x) for x in ST.alpha_c_interval(rising[:1], alpha)[:2])
+    sparse = rising.copy()
+    sparse[1:, 1:] = np.nan
+    assert all(math.isnan(x) for x in ST.alpha_c_interval(sparse, alpha)[:2])
 
 
 def test_lambda_cv_phase_figure_labels_lambda_star_and_a_small_d_says_it_cannot_place_the_transition(store):

@@ -206,10 +206,26 @@ def wilcoxon_min_p(n_pairs: int) -> float:
     return 2.0 ** (1 - n_pairs) if n_pairs >= 1 else math.nan
 
 
+PAIRED_LEVEL = 0.95
+
+
+def paired_interval(delta: np.ndarray, level: float = PAIRED_LEVEL) -> tuple[np.ndarray, ...]:
+    """The paired t-interval of the mean of `delta` (..., n), the last axis the seeds' differences: (mean,
+    sample SD, low, high), each (...), mean ± t_{n−1, (1+level)/2}·SD/√n. Its coverage is checked by simulation
+    (tests/test_calibration.py)."""
+    from scipy import special  # stats.t.ppf without its argument checks (simulations call this often)
+
+    delta = np.asarray(delta, dtype=float)
+    n = delta.shape[-1]
+    mean, std = delta.mean(-1), delta.std(-1, ddof=1)
+    half = special.stdtrit(n - 1, (1 + level) / 2) * std / math.sqrt(n)
+    return mean, std, mean - half, mean + half
+
+
 def paired_stats(acc: Sequence[float], acc_baseline: Sequence[float]) -> dict[str, Any]:
     """Statistics of paired differences acc − acc_baseline (already matched by seed, same order).
 
-    Mean, sample std (ddof=1), 95% t interval, paired t-test and Wilcoxon signed-rank p-values (scipy); a test
+    Mean, sample std (ddof=1), 95% t interval (`paired_interval`), paired t-test and Wilcoxon signed-rank p-values (scipy); a test
     that cannot run (n < 2, all differences zero or all equal) gives NaN and says why in `note`.
     """
     from scipy import stats  # here: a sweep's own Table 1 needs no test, and scipy.stats takes ~0.4 s to import
@@ -223,9 +239,8 @@ def paired_stats(acc: Sequence[float], acc_baseline: Sequence[float]) -> dict[st
     if n < 2:
         out["note"] = "no seed on both sides" if n == 0 else "one pair: no spread, no test"
         return out
-    std = delta.std(ddof=1)
-    half = stats.t.ppf(0.975, n - 1) * std / math.sqrt(n)
-    out.update(delta_std=std, ci95_low=out["delta_mean"] - half, ci95_high=out["delta_mean"] + half)
+    _, std, low, high = (float(v) for v in paired_interval(delta))
+    out.update(delta_std=std, ci95_low=low, ci95_high=high)
     scale = max(1.0, float(np.abs(delta).max()))
     if np.ptp(delta) <= 1e-12 * scale:
         out["note"] = "all differences equal: tests undefined"
