@@ -629,6 +629,24 @@ def test_alpha_c_interval_is_open_where_the_crossing_may_lie_beyond_the_grid_and
     assert all(math.isnan(x) for x in ST.alpha_c_interval(sparse, alpha)[:2])
 
 
+def test_the_phase_map_draws_each_alpha_c_interval_with_an_arrow_where_it_is_open():
+    from pefusion.analysis import figures as F
+
+    rising = {0.5: [-3.0, -2.5, -3.5], 0.75: [-1.5, -1.0, -2.0], 1.0: [-0.6, 0.4, 0.1], 1.25: [0.9, 1.2, 1.0],
+              1.5: [2.5, 3.0, 3.3]}
+    negative = {a: [g - 10.0 for g in gaps] for a, gaps in rising.items()}  # ω 0.3: α_c above the grid
+    deltas = pd.concat([_gaps(rising, 0.2), _gaps(negative, 0.3)], ignore_index=True)
+    crossings = ST.crossing_alphas(deltas).set_index(R.OMEGA)
+    assert crossings.loc[0.3, "alpha_c_high"] == math.inf and crossings.loc[0.3, "alpha_c_open"].startswith("open above")
+    fig = F.phase_diagram_figure(ST.student_delta_summary(deltas), crossings=crossings.reset_index())
+    ends = {(round(float(line.get_ydata()[0]), 6), line.get_marker()): float(line.get_xdata()[0])
+            for line in fig.axes[0].lines if line.get_color() == "tab:purple" and len(line.get_xdata()) == 1}
+    low, high = crossings.loc[0.2, ["alpha_c_low", "alpha_c_high"]]
+    assert ends[(0.2, "|")] in (pytest.approx(low), pytest.approx(high))
+    assert ends[(0.3, ">")] == pytest.approx(1.6) and (0.3, "<") not in ends  # open above: to the edge, arrowed
+    assert "α_c here, 95 % interval (arrow: open beyond the grid)" in fig.axes[0].get_legend_handles_labels()[1]
+
+
 def test_lambda_cv_phase_figure_labels_lambda_star_and_a_small_d_says_it_cannot_place_the_transition(store):
     from pefusion.analysis import figures as F
 

@@ -466,7 +466,7 @@ def test_a_small_map_at_the_demo_settings_changes_once_near_the_theorys_alpha_c(
                            R.SIGMA: rows[R.SIGMA], R.D: rows[R.D], ST.LAM_FIXED: rows[R.LAMBDA],
                            R.SEED: rows[R.SEED], "delta_eps_g": 0.0,
                            "delta_eps_t": rows["eps_t_positional"] - rows["eps_t_semantic"]})
-    crossing = ST.crossing_alphas(deltas, draws=200).iloc[0]
+    crossing = ST.crossing_alphas(deltas).iloc[0]
     assert crossing.sign_changes.count("(") == 1 and crossing.sign_changes.endswith("(−+)"), crossing.sign_changes
     assert crossing.n_call_changes <= 1
     assert abs(crossing.alpha_c_estimate - THEORY_ALPHA_C_02) < 0.2, crossing.alpha_c_estimate
