@@ -327,6 +327,22 @@ def test_paired_deltas_exact_against_scipy(trials):
         FT.paired_deltas(trials, baseline="ad")
 
 
+@pytest.mark.parametrize("a,b", [([61.0, 63.5, 60.2], [59.9, 61.0, 60.4]),
+                                 ([80.1, 79.4, 81.0, 80.6, 79.9], [80.3, 80.0, 80.2, 79.5, 80.8])])
+def test_paired_stats_against_scipys_paired_tests(a, b):
+    """Mean, SD, the 95 % interval and both p-values as scipy's ttest_rel and wilcoxon give them."""
+    d = np.subtract(a, b)
+    got = FT.paired_stats(a, b)
+    paired = stats.ttest_rel(a, b)
+    assert got["n_pairs"] == len(a) and got["note"] == ""
+    assert (got["delta_mean"], got["delta_std"]) == (pytest.approx(d.mean(), rel=1e-12),
+                                                      pytest.approx(d.std(ddof=1), rel=1e-12))
+    assert (got["ci95_low"], got["ci95_high"]) == pytest.approx(tuple(paired.confidence_interval(0.95)), rel=1e-9)
+    assert got["t_pvalue"] == pytest.approx(paired.pvalue, rel=1e-9)
+    assert got["wilcoxon_pvalue"] == pytest.approx(stats.wilcoxon(a, b).pvalue, rel=1e-9)
+    assert got["wilcoxon_min_p"] == 2.0 ** (1 - len(a))
+
+
 def test_paired_stats_undefined_cases():
     one = FT.paired_stats([0.7], [0.6])
     assert one["n_pairs"] == 1 and math.isnan(one["t_pvalue"]) and "one pair" in one["note"]

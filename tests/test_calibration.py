@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from pefusion.analysis import fusion_tables as FT
 from pefusion.analysis import published as PB
@@ -100,25 +101,29 @@ SHARED = 0.5  # the share of a seed's noise variance common to every α
 ALPHA_C_REPS = 2000
 
 
-def demo_gaps(rng: np.random.Generator, seeds: int, alpha_c: float) -> np.ndarray:
+CURVATURE = 6.0
+
+
+def demo_gaps(rng: np.random.Generator, seeds: int, alpha_c: float, curvature: float = CURVATURE,
+              shared: float = SHARED) -> np.ndarray:
     """Per-seed gaps (seeds, A) along DEMO_ALPHA whose mean crosses 0 at `alpha_c`."""
     x = DEMO_ALPHA - alpha_c
-    noise = math.sqrt(SHARED) * rng.normal(size=(seeds, 1)) + math.sqrt(1 - SHARED) * rng.normal(size=(seeds, 6))
-    return 8 * x + 6 * x ** 2 + DEMO_SD * noise
+    noise = math.sqrt(shared) * rng.normal(size=(seeds, 1)) + math.sqrt(1 - shared) * rng.normal(size=(seeds, 6))
+    return 8 * x + curvature * x ** 2 + DEMO_SD * noise
 
 
-def alpha_c_coverage(seeds: int, seed: int = 0) -> tuple[float, float, float]:
+def alpha_c_coverage(seeds: int, seed: int = 0, reps: int = ALPHA_C_REPS, **shape) -> tuple[float, float, float]:
     """(share of intervals that hold the true α_c, share finite on both sides, median width of those), the true
-    α_c drawn uniformly in [0.8, 1.2] (between and on grid points)."""
+    α_c drawn uniformly in [0.8, 1.2] (between and on grid points); `shape`: demo_gaps' curvature and shared."""
     rng = np.random.default_rng(seed)
     covered, widths = 0, []
-    for _ in range(ALPHA_C_REPS):
+    for _ in range(reps):
         truth = rng.uniform(0.8, 1.2)
-        low, high, _ = ST.alpha_c_interval(demo_gaps(rng, seeds, truth), DEMO_ALPHA)
+        low, high, _ = ST.alpha_c_interval(demo_gaps(rng, seeds, truth, **shape), DEMO_ALPHA)
         covered += low <= truth <= high
         if math.isfinite(low) and math.isfinite(high):
             widths.append(high - low)
-    return covered / ALPHA_C_REPS, len(widths) / ALPHA_C_REPS, float(np.median(widths)) if widths else math.inf
+    return covered / reps, len(widths) / reps, float(np.median(widths)) if widths else math.inf
 
 
 def test_alpha_c_interval_covers_the_true_crossing_on_the_demo_grid():
@@ -129,6 +134,18 @@ def test_alpha_c_interval_covers_the_true_crossing_on_the_demo_grid():
     print(f"α_c coverage, finite share, median width: 4 seeds {four}, 8 seeds {eight}; "
           f"MC SE {_mc_se(0.95, ALPHA_C_REPS):.4f}")
     assert four[0] >= 0.90 and eight[0] >= 0.92 and eight[1] >= 0.90 and eight[2] <= 0.2, (four, eight)
+
+
+@pytest.mark.slow
+def test_alpha_c_interval_covers_at_other_curvatures_and_shares_of_shared_noise():
+    """A straight gap and twice the demo's curvature, with no, half or 90 % of each seed's noise shared along α:
+    ≥ 92 % at 4 and 8 seeds (1 000 draws each, MC SE 0.6 %). Measured: 96.2–98.7 %."""
+    for curvature in (0.0, 6.0, 12.0):
+        for shared in (0.0, 0.5, 0.9):
+            for seeds in (4, 8):
+                coverage = alpha_c_coverage(seeds, seed=seeds, reps=1000, curvature=curvature, shared=shared)[0]
+                print(f"curvature {curvature:g}, shared {shared:g}, {seeds} seeds: coverage {coverage:.3f}")
+                assert coverage >= 0.92, (curvature, shared, seeds, coverage)
 
 
 # ---------------------------------------------------------------------------------------------------------
