@@ -9,6 +9,7 @@ import re
 import statistics
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -344,12 +345,30 @@ def test_paired_stats_against_scipys_paired_tests(a, b):
 
 
 def test_paired_stats_undefined_cases():
-    one = FT.paired_stats([0.7], [0.6])
-    assert one["n_pairs"] == 1 and math.isnan(one["t_pvalue"]) and "one pair" in one["note"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no mean of an empty array, no test on too few pairs
+        none, one = FT.paired_stats([], []), FT.paired_stats([0.7], [0.6])
+    nan = math.nan
+    assert none == pytest.approx({"n_pairs": 0, "delta_mean": nan, "delta_std": nan, "ci95_low": nan,
+                                  "ci95_high": nan, "t_pvalue": nan, "wilcoxon_pvalue": nan, "wilcoxon_min_p": nan,
+                                  "note": "no seed on both sides"}, nan_ok=True)
+    assert one == pytest.approx({"n_pairs": 1, "delta_mean": 0.1, "delta_std": nan, "ci95_low": nan,
+                                 "ci95_high": nan, "t_pvalue": nan, "wilcoxon_pvalue": nan, "wilcoxon_min_p": 1.0,
+                                 "note": "one pair: no spread, no test"}, nan_ok=True)
     zero = FT.paired_stats([0.5, 0.6, 0.7], [0.5, 0.6, 0.7])
-    assert zero["delta_mean"] == 0 and math.isnan(zero["wilcoxon_pvalue"]) and zero["note"]
-    none = FT.paired_stats([], [])
-    assert none["n_pairs"] == 0 and math.isnan(none["delta_mean"])
+    assert zero["delta_mean"] == 0 and math.isnan(zero["wilcoxon_pvalue"])
+    assert zero["note"] == "all differences equal: tests undefined"
+    # equal differences of 1000 points whose float rounding leaves a spread of ~1e-13: still equal
+    a, b = np.array([1100.7, 1200.3, 1300.9, 1003.3]), np.array([100.6, 200.2, 300.8, 3.2])
+    rounded = FT.paired_stats(a, b)
+    assert 1e-13 < np.ptp(a - b) < 1e-12 and rounded["note"] == "all differences equal: tests undefined"
+    # differences spread by less than 1 point are a test's business
+    small = FT.paired_stats([0.1, 0.3, 0.2], [0.0, 0.0, 0.0])
+    assert small["note"] == "" and small["t_pvalue"] == pytest.approx(stats.ttest_1samp([0.1, 0.3, 0.2], 0).pvalue)
+
+
+def test_wilcoxon_min_p_of_no_pair_and_one():
+    assert math.isnan(FT.wilcoxon_min_p(0)) and FT.wilcoxon_min_p(1) == 1.0 and FT.wilcoxon_min_p(2) == 0.5
 
 
 def test_length_buckets_and_fusion_summary(trials):
@@ -643,6 +662,44 @@ def test_alpha_c_interval_is_open_where_the_crossing_may_lie_beyond_the_grid_and
     sparse = rising.copy()
     sparse[1:, 1:] = np.nan
     assert all(math.isnan(x) for x in ST.alpha_c_interval(sparse, alpha)[:2])
+
+
+def test_sign_changes_count_a_zero_with_the_side_it_joins_and_alpha_c_of_is_nan_without_a_rise():
+    alpha = np.array([1.0, 2.0, 3.0])
+    assert ST.sign_changes(alpha, np.array([0.0, 1.0, 2.0])) == []  # starts at 0 and rises: no change
+    assert ST.sign_changes(alpha, np.array([-1.0, 0.0, 1.0])) == [(2.0, "-+")]  # 0 joins the + side
+    assert ST.sign_changes(alpha, np.array([0.0, -1.0, -2.0])) == [(1.0, "+-")]
+    assert ST.sign_changes(alpha, np.array([0.5, -1.5, -2.0])) == [(1.25, "+-")]
+    assert ST.sign_changes(alpha, np.array([-2.0, 1.0, -1.0])) == [(pytest.approx(5 / 3), "-+"), (2.5, "+-")]
+    assert ST.sign_changes(alpha, np.array([-1.0, np.nan, 1.0])) == [(2.0, "-+")]  # NaN points skipped
+    assert math.isnan(ST.alpha_c_of(alpha, np.array([1.0, -1.0, -2.0])))
+    assert ST.alpha_c_of(alpha, np.array([1.0, -1.0, 1.0])) == 2.5
+
+
+def test_interpolate_curve_between_and_outside_the_table():
+    curve = {0.1: 1.0, 0.3: 3.0, 0.2: 1.5}
+    assert ST.interpolate_curve(curve, 0.25) == pytest.approx(2.25) and ST.interpolate_curve(curve, 0.1) == 1.0
+    assert math.isnan(ST.interpolate_curve(curve, 0.05)) and math.isnan(ST.interpolate_curve(curve, 0.35))
+
+
+def test_delta_summary_sorted_keeps_points_without_sigma_and_names_a_tie():
+    gaps = _gaps({1.2: [1.0, 3.0], 0.8: [-1.0, 1.0]})
+    gaps["delta_eps_g"] = [0.1, 0.4, 0.0, 0.2]
+    other = _gaps({1.0: [-2.0, -4.0]}).assign(**{R.SIGMA: np.nan})  # another tool's runs, without σ
+    summary = ST.student_delta_summary(pd.concat([gaps, other], ignore_index=True))
+    assert list(summary[R.ALPHA]) == [0.8, 1.0, 1.2] and math.isnan(summary.loc[1, R.SIGMA])
+    assert list(summary.lower_train_loss) == ["tie", "positional", "semantic"]
+    assert summary.loc[2, "delta_eps_g_std"] == pytest.approx(statistics.stdev([0.1, 0.4]))
+    empty = ST.student_delta_summary(gaps.iloc[:0])
+    assert empty.empty and list(empty.columns)[-2:] == ["lower_train_loss", ST.CALL]
+    crossing = ST.crossing_alphas(pd.concat([other, gaps.assign(**{R.OMEGA: 0.1})], ignore_index=True))
+    assert list(crossing[R.OMEGA]) == [0.1, 0.2] and crossing[R.SIGMA].isna().tolist() == [False, True]
+
+
+def test_for_runs_finds_the_table_by_preset_else_by_an_arxiv_dataset_name():
+    assert PB.for_runs("imdb", "anything") is PB.TABLE1_IMDB and PB.for_runs("demo", "arxiv") is None
+    assert PB.for_runs(None, "ccdv/ArXiv-classification") is PB.TABLE3_ARXIV
+    assert PB.for_runs(None, "stanfordnlp/imdb") is None and PB.for_runs("", "ARXIV") is PB.TABLE3_ARXIV
 
 
 def test_the_phase_map_draws_each_alpha_c_interval_with_an_arrow_where_it_is_open():
