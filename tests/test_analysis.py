@@ -710,7 +710,8 @@ def test_the_phase_map_draws_each_alpha_c_interval_with_an_arrow_where_it_is_ope
     negative = {a: [g - 10.0 for g in gaps] for a, gaps in rising.items()}  # ω 0.3: α_c above the grid
     deltas = pd.concat([_gaps(rising, 0.2), _gaps(negative, 0.3)], ignore_index=True)
     crossings = ST.crossing_alphas(deltas).set_index(R.OMEGA)
-    assert crossings.loc[0.3, "alpha_c_high"] == math.inf and crossings.loc[0.3, "alpha_c_open"].startswith("open above")
+    assert crossings.loc[0.3, "alpha_c_high"] == math.inf
+    assert crossings.loc[0.3, "alpha_c_open"].startswith("open above")
     fig = F.phase_diagram_figure(ST.student_delta_summary(deltas), crossings=crossings.reset_index())
     ends = {(round(float(line.get_ydata()[0]), 6), line.get_marker()): float(line.get_xdata()[0])
             for line in fig.axes[0].lines if line.get_color() == "tab:purple" and len(line.get_xdata()) == 1}

@@ -432,8 +432,8 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
     with the most grid points. For λ-CV points, given the long `student` frame, each point is labelled with the
     λ* of its semantic and positional fits, and a cross marks a point where a fit ended in the other solution.
     Given `crossings` (student_tables.crossing_alphas), each ω's estimated α_c and its 95 % interval are drawn as
-    a bar, an arrow where a side is open. Below the paper's d, or where too few seeds decide the points, the figure says it cannot place the
-    transition (`_size_warning`)."""
+    a bar, an arrow where a side is open. Below the paper's d, or where too few seeds decide the points, the
+    figure says it cannot place the transition (`_size_warning`)."""
     keys = ["source", R.SIGMA, R.D, ST.LAM_FIXED]
     sizes = delta_summary.groupby(keys, dropna=False).size()
     chosen = sizes.idxmax()

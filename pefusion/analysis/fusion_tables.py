@@ -225,8 +225,9 @@ def paired_interval(delta: np.ndarray, level: float = PAIRED_LEVEL) -> tuple[np.
 def paired_stats(acc: Sequence[float], acc_baseline: Sequence[float]) -> dict[str, Any]:
     """Statistics of paired differences acc − acc_baseline (already matched by seed, same order).
 
-    Mean, sample std (ddof=1), 95% t interval (`paired_interval`), paired t-test and Wilcoxon signed-rank p-values (scipy); a test
-    that cannot run (n < 2, all differences zero or all equal) gives NaN and says why in `note`.
+    Mean, sample std (ddof=1), 95% t interval (`paired_interval`), paired t-test and Wilcoxon signed-rank
+    p-values (scipy); a test that cannot run (n < 2, all differences zero or all equal) gives NaN and says why
+    in `note`.
     """
     from scipy import stats  # here: a sweep's own Table 1 needs no test, and scipy.stats takes ~0.4 s to import
 

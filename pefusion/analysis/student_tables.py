@@ -294,9 +294,9 @@ def crossing_alphas(deltas: pd.DataFrame, alpha_c: Mapping[float, float] | None 
     alpha_c_estimate: the first − → + change (positional lower below it), linear between the grid points around
     it (NaN if none); alpha_c_low/high: its 95 % interval (`alpha_c_interval`), ±inf on a side where the
     crossing may lie beyond the grid, with alpha_c_open saying which and why ('' when closed); sign_changes:
-    EVERY change of the seed-mean's sign, as 'α(−+)' or 'α(+−)', ';'-joined, and their number; n_call_changes: how often the points' calls
-    (`call_points`) change between semantic and positional along α, undecided points skipped — more than one
-    means the map cannot place a single transition. Beside: the published α_c(ω) and, given `theory`
+    EVERY change of the seed-mean's sign, as 'α(−+)' or 'α(+−)', ';'-joined, and their number; n_call_changes:
+    how often the points' calls (`call_points`) change between semantic and positional along α, undecided
+    points skipped — more than one means the map cannot place a single transition. Beside: the published α_c(ω) and, given `theory`
     (`theory_alpha_c`), the d → ∞ α_c."""
     keys = [k for k in DELTA_GROUP if k != R.ALPHA]
     rows = []
