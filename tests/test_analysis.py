@@ -595,6 +595,11 @@ def test_points_called_from_their_seeds_by_a_t_test_and_every_crossing_listed():
     edge = ST.student_delta_summary(_gaps({1.0: [1.0, 2.0, 3.0], 1.5: [1.0, 2.0, 3.0, 2.0, 1.5], 2.0: [5.0]}))
     edge = edge.set_index(R.ALPHA)[ST.CALL].to_dict()
     assert edge == {1.0: "undecided", 1.5: "semantic", 2.0: "undecided"}
+    # two seeds can decide a point (t_1 = 12.7 SE); one cannot, whatever its SE says
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        two = ST.call_points([10.0, -10.0, 10.0, 1.0], [0.1, 0.1, 0.1, 0.1], [2, 2, 1, 2])
+    assert list(two) == ["semantic", "positional", "undecided", "undecided"]
     row = ST.crossing_alphas(_gaps(per_seed), {0.2: 0.928}).iloc[0]
     # the means -3, 0.5, 2, -6, 2: − → + at 0.8 + 0.2·3/3.5, + → − at 1.2 + 0.2·2/8, − → + at 1.4 + 0.2·6/8
     first, second, third = 0.8 + 0.2 * 3 / 3.5, 1.2 + 0.2 * 2 / 8, 1.4 + 0.2 * 6 / 8
@@ -785,10 +790,44 @@ def test_the_two_last_verdicts_are_the_ones_a_one_sample_interval_gets_wrong():
 
 
 def test_verdict_of_one_seed_has_no_interval():
-    got = PB.verdict([84.0], 83.28, 0.15, 5)
-    assert got["verdict"] == "one seed: no verdict" and math.isnan(got["ci95_low"]) and math.isnan(got["ci95_high"])
-    assert got["delta"] == pytest.approx(0.72) and math.isnan(got["detectable"])
-    assert PB.verdict([], 83.28, 0.15, 5)["verdict"] == PB.NO_RUN
+    nan = math.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no mean of an empty array
+        one, none = PB.verdict([84.0], 83.28, 0.15, 5), PB.verdict([], 83.28, 0.15, 5)
+    assert one == pytest.approx({"n": 1, "mean": 84.0, "sd": nan, "delta": 0.72, "ci95_low": nan, "ci95_high": nan,
+                                 "p_value": nan, "detectable": nan, "verdict": "one seed: no verdict"}, nan_ok=True)
+    assert none == pytest.approx({"n": 0, "mean": nan, "sd": nan, "delta": nan, "ci95_low": nan, "ci95_high": nan,
+                                  "p_value": nan, "detectable": nan, "verdict": PB.NO_RUN}, nan_ok=True)
+
+
+def test_verdict_without_spread_on_either_side_and_exactly_equal_means():
+    """Both SDs 0: the difference is known exactly, its interval the point; a difference of exactly 0 is neither
+    above nor below."""
+    above = PB.verdict([83.5, 83.5], 83.0, 0.0, 5)
+    assert (above["ci95_low"], above["ci95_high"], above["verdict"]) == (pytest.approx(0.5), pytest.approx(0.5),
+                                                                           "above")
+    assert PB.verdict([83.0, 83.0], 83.0, 0.0, 5)["verdict"] == "consistent"
+    got = PB.verdict([83.0, 84.0, 85.0], 84.0, 0.5, 5)
+    assert got["sd"] == 1.0 and got["mean"] == 84.0 and got["verdict"] == "consistent"
+
+
+def test_welch_from_summaries_elementwise_and_detectable_where_defined():
+    """`welch` over arrays equals scipy's Welch test on samples with those summaries; `detectable` grows with
+    the power asked for and is NaN where there is no spread or no degree of freedom."""
+    a, b = [61.0, 63.5, 60.2, 62.0], _paper_sample(59.22, 1.07, 5)
+    w = PB.welch(np.array([np.mean(a), 1.0]), np.array([np.std(a, ddof=1), 0.5]), np.array([4, 3]),
+                 np.array([59.22, 0.0]), np.array([1.07, 0.5]), np.array([5, 3]))
+    test = stats.ttest_ind(a, b, equal_var=False)
+    assert (w["diff"][0], w["df"][0], w["p_value"][0]) == (pytest.approx(np.mean(a) - 59.22), pytest.approx(test.df),
+                                                            pytest.approx(test.pvalue))
+    assert w["se"][0] == pytest.approx(math.sqrt(np.var(a, ddof=1) / 4 + 1.07 ** 2 / 5))
+    assert (w["low"][0], w["high"][0]) == pytest.approx(tuple(test.confidence_interval(0.95)))
+    assert w["diff"][1] == 1.0 and w["df"][1] == pytest.approx(4.0)
+    more = PB.welch(1.0, 1.0, 5, 0.0, 1.0, 5, power=0.9)["detectable"]
+    assert more > PB.welch(1.0, 1.0, 5, 0.0, 1.0, 5)["detectable"]
+    assert PB.detectable_difference(1.0, 1.0) == pytest.approx(16.334, abs=1e-3)  # the non-central t, 1 df
+    for se, df in ((0.0, 4.0), (1.0, 0.0), (1.0, math.nan), (math.nan, 4.0)):
+        assert math.isnan(PB.detectable_difference(se, df)), (se, df)
 
 
 def table1_runs(preset: str, dataset: str, accs: dict[str, list[float]], **params) -> pd.DataFrame:
