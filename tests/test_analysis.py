@@ -707,6 +707,44 @@ def test_for_runs_finds_the_table_by_preset_else_by_an_arxiv_dataset_name():
     assert PB.for_runs(None, "stanfordnlp/imdb") is None and PB.for_runs("", "ARXIV") is PB.TABLE3_ARXIV
 
 
+def test_alpha_c_interval_at_the_grids_edges_with_two_seeds_and_two_alphas():
+    """The outermost zero over every line and parabola that exists at the grid's first and last segments; two
+    seeds and two α suffice; no interval says why, and so does one open on both sides."""
+    alpha = np.array([0.5, 1.0, 1.5, 2.0])
+    per_seed = np.array([[-4.0, 1.0, 1.5, 7.0], [-3.0, 1.6, 1.9, 8.0], [-3.6, 1.3, 1.7, 7.5]])  # (S, A)
+    gaps = {a: list(per_seed[:, i]) for i, a in enumerate(alpha)}
+    _, lower, upper = _t_bounds(gaps)
+    assert list(upper < 0) == [True, False, False, False] and list(lower > 0) == [False, True, True, True]
+
+    def zeros(ends, left):  # the line's zero, and each parabola's through the segment and a neighbour
+        out = [_zero(alpha[left], alpha[left + 1], ends[left], ends[left + 1])]
+        for first in (left - 1, left):
+            if 0 <= first <= len(alpha) - 3:
+                parabola = np.polynomial.Polynomial.fit(alpha[first:first + 3], ends[first:first + 3], 2)
+                out += [r.real for r in parabola.roots()
+                        if abs(r.imag) < 1e-9 and alpha[left] <= r.real <= alpha[left + 1]]
+        return out
+
+    got = ST.alpha_c_interval(per_seed, alpha)
+    assert (got.low, got.high) == (pytest.approx(min(zeros(upper, 0))), pytest.approx(max(zeros(lower, 0))))
+    assert min(zeros(upper, 0)) < zeros(upper, 0)[0]  # the parabola from the grid's first point moved it
+    # the last segment: mirrored data, the crossing between 1.5 and 2.0
+    mirrored = -per_seed[:, ::-1]
+    _, lower_m, upper_m = _t_bounds({a: list(mirrored[:, i]) for i, a in enumerate(alpha)})
+    last = ST.alpha_c_interval(mirrored, alpha)
+    assert (last.low, last.high) == (pytest.approx(min(zeros(upper_m, 2))), pytest.approx(max(zeros(lower_m, 2))))
+    assert max(zeros(lower_m, 2)) > zeros(lower_m, 2)[0]  # the parabola to the grid's last point moved it
+    # two seeds, two α: still an interval
+    two = ST.alpha_c_interval(np.array([[-3.0, 2.0], [-2.9, 2.2]]), np.array([1.0, 1.5]))
+    assert 1.0 < two.low < two.high < 1.5 and two.why == ""
+    assert ST.alpha_c_interval(np.array([[-3.0, 2.0]]), np.array([1.0, 1.5])).why == (
+        "fewer than two α with two seeds or more: no interval")
+    flat = ST.alpha_c_interval(np.array([[-1.0, 1.0], [1.0, -1.0]]), np.array([1.0, 1.5]))
+    assert (flat.low, flat.high) == (-math.inf, math.inf) and flat.why == (
+        "open below: the gap is not confidently negative at any α before it; "
+        "open above: the gap is not confidently positive at any α after it")
+
+
 def test_the_phase_map_draws_each_alpha_c_interval_with_an_arrow_where_it_is_open():
     from pefusion.analysis import figures as F
 
