@@ -363,6 +363,10 @@ def test_paired_stats_undefined_cases():
     rounded = FT.paired_stats(a, b)
     assert 1e-13 < np.ptp(a - b) < 1e-12 and rounded["note"] == "all differences equal: tests undefined"
     # differences spread by less than 1 point are a test's business
+    two = FT.paired_stats([0.3, 0.1], [0.0, 0.0])  # two pairs: an interval and both tests
+    assert two["note"] == "" and two["t_pvalue"] == pytest.approx(stats.ttest_1samp([0.3, 0.1], 0).pvalue)
+    assert (two["ci95_low"], two["ci95_high"]) == pytest.approx(tuple(stats.ttest_1samp([0.3, 0.1], 0)
+                                                                      .confidence_interval(0.95)))
     small = FT.paired_stats([0.1, 0.3, 0.2], [0.0, 0.0, 0.0])
     assert small["note"] == "" and small["t_pvalue"] == pytest.approx(stats.ttest_1samp([0.1, 0.3, 0.2], 0).pvalue)
 
@@ -600,6 +604,7 @@ def test_points_called_from_their_seeds_by_a_t_test_and_every_crossing_listed():
         warnings.simplefilter("error")
         two = ST.call_points([10.0, -10.0, 10.0, 1.0], [0.1, 0.1, 0.1, 0.1], [2, 2, 1, 2])
     assert list(two) == ["semantic", "positional", "undecided", "undecided"]
+    assert list(ST.call_points([0.5, -0.5], [0.01, 0.01], [4, 4])) == ["semantic", "positional"]
     row = ST.crossing_alphas(_gaps(per_seed), {0.2: 0.928}).iloc[0]
     # the means -3, 0.5, 2, -6, 2: − → + at 0.8 + 0.2·3/3.5, + → − at 1.2 + 0.2·2/8, − → + at 1.4 + 0.2·6/8
     first, second, third = 0.8 + 0.2 * 3 / 3.5, 1.2 + 0.2 * 2 / 8, 1.4 + 0.2 * 6 / 8
@@ -672,6 +677,7 @@ def test_alpha_c_interval_is_open_where_the_crossing_may_lie_beyond_the_grid_and
 def test_sign_changes_count_a_zero_with_the_side_it_joins_and_alpha_c_of_is_nan_without_a_rise():
     alpha = np.array([1.0, 2.0, 3.0])
     assert ST.sign_changes(alpha, np.array([0.0, 1.0, 2.0])) == []  # starts at 0 and rises: no change
+    assert ST.sign_changes(alpha, np.array([2.0, 1.0, 0.0])) == []  # falls to 0: 0 joins the + side
     assert ST.sign_changes(alpha, np.array([-1.0, 0.0, 1.0])) == [(2.0, "-+")]  # 0 joins the + side
     assert ST.sign_changes(alpha, np.array([0.0, -1.0, -2.0])) == [(1.0, "+-")]
     assert ST.sign_changes(alpha, np.array([0.5, -1.5, -2.0])) == [(1.25, "+-")]
@@ -694,11 +700,22 @@ def test_delta_summary_sorted_keeps_points_without_sigma_and_names_a_tie():
     summary = ST.student_delta_summary(pd.concat([gaps, other], ignore_index=True))
     assert list(summary[R.ALPHA]) == [0.8, 1.0, 1.2] and math.isnan(summary.loc[1, R.SIGMA])
     assert list(summary.lower_train_loss) == ["tie", "positional", "semantic"]
+    small = ST.student_delta_summary(_gaps({1.0: [0.4, 0.6], 1.5: [-0.4, -0.6]}))
+    assert list(small.lower_train_loss) == ["semantic", "positional"]
     assert summary.loc[2, "delta_eps_g_std"] == pytest.approx(statistics.stdev([0.1, 0.4]))
     empty = ST.student_delta_summary(gaps.iloc[:0])
     assert empty.empty and list(empty.columns)[-2:] == ["lower_train_loss", ST.CALL]
     crossing = ST.crossing_alphas(pd.concat([other, gaps.assign(**{R.OMEGA: 0.1})], ignore_index=True))
     assert list(crossing[R.OMEGA]) == [0.1, 0.2] and crossing[R.SIGMA].isna().tolist() == [False, True]
+    assert list(crossing.columns) == [k for k in ST.DELTA_GROUP if k != R.ALPHA] + ST.CROSSING_COLUMNS
+    assert crossing.n_alpha.tolist() == [2, 1] and crossing.n_seeds.tolist() == [2, 2]
+    # the theory's α_c beside each row of the same σ, λ and ω (a left join: a row without one keeps NaN)
+    theory = pd.DataFrame({R.SIGMA: [0.5, 0.5], ST.LAM_FIXED: [0.01, 0.01], R.OMEGA: [0.1, 0.3],
+                           ST.ALPHA_C_THEORY: [0.75, 1.25]})
+    beside = ST.crossing_alphas(gaps.assign(**{R.OMEGA: 0.1}), theory=theory)
+    assert len(beside) == 1 and beside[ST.ALPHA_C_THEORY].tolist() == [0.75]
+    missing = ST.crossing_alphas(gaps, theory=theory)
+    assert len(missing) == 1 and missing[ST.ALPHA_C_THEORY].isna().all()
 
 
 def test_for_runs_finds_the_table_by_preset_else_by_an_arxiv_dataset_name():
@@ -725,13 +742,14 @@ def test_alpha_c_interval_at_the_grids_edges_with_two_seeds_and_two_alphas():
                         if abs(r.imag) < 1e-9 and alpha[left] <= r.real <= alpha[left + 1]]
         return out
 
-    got = ST.alpha_c_interval(per_seed, alpha)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no parabola fitted through fewer than three points
+        got, last = ST.alpha_c_interval(per_seed, alpha), ST.alpha_c_interval(-per_seed[:, ::-1], alpha)
     assert (got.low, got.high) == (pytest.approx(min(zeros(upper, 0))), pytest.approx(max(zeros(lower, 0))))
     assert min(zeros(upper, 0)) < zeros(upper, 0)[0]  # the parabola from the grid's first point moved it
     # the last segment: mirrored data, the crossing between 1.5 and 2.0
     mirrored = -per_seed[:, ::-1]
     _, lower_m, upper_m = _t_bounds({a: list(mirrored[:, i]) for i, a in enumerate(alpha)})
-    last = ST.alpha_c_interval(mirrored, alpha)
     assert (last.low, last.high) == (pytest.approx(min(zeros(upper_m, 2))), pytest.approx(max(zeros(lower_m, 2))))
     assert max(zeros(lower_m, 2)) > zeros(lower_m, 2)[0]  # the parabola to the grid's last point moved it
     # two seeds, two α: still an interval
