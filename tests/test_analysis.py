@@ -9,6 +9,7 @@ import re
 import statistics
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -327,13 +328,51 @@ def test_paired_deltas_exact_against_scipy(trials):
         FT.paired_deltas(trials, baseline="ad")
 
 
+@pytest.mark.parametrize("a,b", [([61.0, 63.5, 60.2], [59.9, 61.0, 60.4]),
+                                 ([80.1, 79.4, 81.0, 80.6, 79.9], [80.3, 80.0, 80.2, 79.5, 80.8])])
+def test_paired_stats_against_scipys_paired_tests(a, b):
+    """Mean, SD, the 95 % interval and both p-values as scipy's ttest_rel and wilcoxon give them."""
+    d = np.subtract(a, b)
+    got = FT.paired_stats(a, b)
+    paired = stats.ttest_rel(a, b)
+    assert got["n_pairs"] == len(a) and got["note"] == ""
+    assert (got["delta_mean"], got["delta_std"]) == (pytest.approx(d.mean(), rel=1e-12),
+                                                      pytest.approx(d.std(ddof=1), rel=1e-12))
+    assert (got["ci95_low"], got["ci95_high"]) == pytest.approx(tuple(paired.confidence_interval(0.95)), rel=1e-9)
+    assert got["t_pvalue"] == pytest.approx(paired.pvalue, rel=1e-9)
+    assert got["wilcoxon_pvalue"] == pytest.approx(stats.wilcoxon(a, b).pvalue, rel=1e-9)
+    assert got["wilcoxon_min_p"] == 2.0 ** (1 - len(a))
+
+
 def test_paired_stats_undefined_cases():
-    one = FT.paired_stats([0.7], [0.6])
-    assert one["n_pairs"] == 1 and math.isnan(one["t_pvalue"]) and "one pair" in one["note"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no mean of an empty array, no test on too few pairs
+        none, one = FT.paired_stats([], []), FT.paired_stats([0.7], [0.6])
+    nan = math.nan
+    assert none == pytest.approx({"n_pairs": 0, "delta_mean": nan, "delta_std": nan, "ci95_low": nan,
+                                  "ci95_high": nan, "t_pvalue": nan, "wilcoxon_pvalue": nan, "wilcoxon_min_p": nan,
+                                  "note": "no seed on both sides"}, nan_ok=True)
+    assert one == pytest.approx({"n_pairs": 1, "delta_mean": 0.1, "delta_std": nan, "ci95_low": nan,
+                                 "ci95_high": nan, "t_pvalue": nan, "wilcoxon_pvalue": nan, "wilcoxon_min_p": 1.0,
+                                 "note": "one pair: no spread, no test"}, nan_ok=True)
     zero = FT.paired_stats([0.5, 0.6, 0.7], [0.5, 0.6, 0.7])
-    assert zero["delta_mean"] == 0 and math.isnan(zero["wilcoxon_pvalue"]) and zero["note"]
-    none = FT.paired_stats([], [])
-    assert none["n_pairs"] == 0 and math.isnan(none["delta_mean"])
+    assert zero["delta_mean"] == 0 and math.isnan(zero["wilcoxon_pvalue"])
+    assert zero["note"] == "all differences equal: tests undefined"
+    # equal differences of 1000 points whose float rounding leaves a spread of ~1e-13: still equal
+    a, b = np.array([1100.7, 1200.3, 1300.9, 1003.3]), np.array([100.6, 200.2, 300.8, 3.2])
+    rounded = FT.paired_stats(a, b)
+    assert 1e-13 < np.ptp(a - b) < 1e-12 and rounded["note"] == "all differences equal: tests undefined"
+    # differences spread by less than 1 point are a test's business
+    two = FT.paired_stats([0.3, 0.1], [0.0, 0.0])  # two pairs: an interval and both tests
+    assert two["note"] == "" and two["t_pvalue"] == pytest.approx(stats.ttest_1samp([0.3, 0.1], 0).pvalue)
+    assert (two["ci95_low"], two["ci95_high"]) == pytest.approx(tuple(stats.ttest_1samp([0.3, 0.1], 0)
+                                                                      .confidence_interval(0.95)))
+    small = FT.paired_stats([0.1, 0.3, 0.2], [0.0, 0.0, 0.0])
+    assert small["note"] == "" and small["t_pvalue"] == pytest.approx(stats.ttest_1samp([0.1, 0.3, 0.2], 0).pvalue)
+
+
+def test_wilcoxon_min_p_of_no_pair_and_one():
+    assert math.isnan(FT.wilcoxon_min_p(0)) and FT.wilcoxon_min_p(1) == 1.0 and FT.wilcoxon_min_p(2) == 0.5
 
 
 def test_length_buckets_and_fusion_summary(trials):
@@ -543,20 +582,30 @@ def _gaps(per_seed: dict[float, list[float]], omega: float = 0.2) -> pd.DataFram
                          for a, gaps in per_seed.items() for s, g in enumerate(gaps)])
 
 
-def test_points_called_from_their_seeds_and_every_crossing_listed():
-    per_seed = {0.8: [-4.0, -3.0, -2.0], 1.0: [-2.0, 0.5, 3.0], 1.2: [1.0, 2.0, 3.0], 1.4: [-5.0, -6.0, -7.0],
+def test_points_called_from_their_seeds_by_a_t_test_and_every_crossing_listed():
+    per_seed = {0.8: [-4.0, -3.0, -2.0], 1.0: [-2.0, 0.5, 3.0], 1.2: [1.5, 2.0, 2.5], 1.4: [-5.0, -6.0, -7.0],
                 1.6: [2.0, 2.0, 2.0 + 1e-6]}
     summary = ST.student_delta_summary(_gaps(per_seed)).set_index(R.ALPHA)
-    # mean / SE: -3/0.58 at 0.8, 0.5/1.44 at 1.0 (within 2 SE), 2/0.58 at 1.2, -6/0.58 at 1.4, 2/3e-7 at 1.6
     assert summary["delta_eps_t_se"].to_dict() == pytest.approx(
         {a: statistics.stdev(g) / len(g) ** 0.5 for a, g in per_seed.items()}, rel=1e-6)
-    assert summary[ST.CALL].to_dict() == {0.8: "positional", 1.0: "undecided", 1.2: "semantic", 1.4: "positional",
-                                          1.6: "semantic"}
-    # a mean within 2 SE but with the same sign stays undecided; one seed is never decided
-    edge = ST.student_delta_summary(_gaps({1.0: [0.5, 1.0, 4.0], 2.0: [5.0]})).set_index(R.ALPHA)
-    assert edge.loc[1.0, "delta_eps_t_mean"] == pytest.approx(5.5 / 3) and edge.loc[1.0, ST.CALL] == "undecided"
-    assert edge.loc[2.0, ST.CALL] == "undecided"
-    row = ST.crossing_alphas(_gaps(per_seed), {0.2: 0.928}, draws=200).iloc[0]
+    # each point's call is scipy's one-sample t-test of its three gaps at 5 %, two-sided, with the mean's sign
+    expected = {a: "undecided" if stats.ttest_1samp(g, 0).pvalue >= 0.05 else
+                "semantic" if np.mean(g) > 0 else "positional" for a, g in per_seed.items()}
+    assert expected == {0.8: "positional", 1.0: "undecided", 1.2: "semantic", 1.4: "positional",
+                        1.6: "semantic"}
+    assert summary[ST.CALL].to_dict() == expected
+    # 2 SE is not a 5 % test with 3 seeds: mean 2, SE 0.58 is 3.5 SE from 0 but under t_2 = 4.30 SE; one seed is
+    # never decided
+    edge = ST.student_delta_summary(_gaps({1.0: [1.0, 2.0, 3.0], 1.5: [1.0, 2.0, 3.0, 2.0, 1.5], 2.0: [5.0]}))
+    edge = edge.set_index(R.ALPHA)[ST.CALL].to_dict()
+    assert edge == {1.0: "undecided", 1.5: "semantic", 2.0: "undecided"}
+    # two seeds can decide a point (t_1 = 12.7 SE); one cannot, whatever its SE says
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        two = ST.call_points([10.0, -10.0, 10.0, 1.0], [0.1, 0.1, 0.1, 0.1], [2, 2, 1, 2])
+    assert list(two) == ["semantic", "positional", "undecided", "undecided"]
+    assert list(ST.call_points([0.5, -0.5], [0.01, 0.01], [4, 4])) == ["semantic", "positional"]
+    row = ST.crossing_alphas(_gaps(per_seed), {0.2: 0.928}).iloc[0]
     # the means -3, 0.5, 2, -6, 2: − → + at 0.8 + 0.2·3/3.5, + → − at 1.2 + 0.2·2/8, − → + at 1.4 + 0.2·6/8
     first, second, third = 0.8 + 0.2 * 3 / 3.5, 1.2 + 0.2 * 2 / 8, 1.4 + 0.2 * 6 / 8
     assert row.sign_changes == f"{first:.3f}(−+);{second:.3f}(+−);{third:.3f}(−+)" and row.n_sign_changes == 3
@@ -564,17 +613,173 @@ def test_points_called_from_their_seeds_and_every_crossing_listed():
     assert row.n_call_changes == 3  # positional, [undecided], semantic, positional, semantic
 
 
-def test_bootstrap_interval_over_seeds_covers_a_planted_crossing():
-    rng = np.random.default_rng(7)
-    alphas = np.round(np.arange(0.5, 1.55, 0.1), 2)
-    offsets = rng.normal(0, 0.02, 12)  # per seed: one teacher and data set shift the whole curve
-    per_seed = {a: list(0.1 * (a - 0.93) + offsets + rng.normal(0, 0.004, 12)) for a in alphas}
-    row = ST.crossing_alphas(_gaps(per_seed), draws=1000).iloc[0]
-    assert row.alpha_c_low < 0.93 < row.alpha_c_high and row.alpha_c_high - row.alpha_c_low < 0.4
-    assert row.n_seeds == 12 and row.bootstrap_crossed > 0.9 and row.n_sign_changes == 1
-    # the interval is from the seeds, not the α grid: a single seed gives none
-    one = ST.crossing_alphas(_gaps({a: g[:1] for a, g in per_seed.items()})).iloc[0]
-    assert np.isnan(one.alpha_c_low) and np.isnan(one.alpha_c_high)
+def _t_bounds(gaps: dict[float, list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """α and each point's 95 % t-interval of its seed mean, from scipy."""
+    alpha = np.array(sorted(gaps))
+    ends = np.array([stats.t.interval(0.95, len(gaps[a]) - 1, loc=np.mean(gaps[a]), scale=stats.sem(gaps[a]))
+                     for a in alpha])
+    return alpha, ends[:, 0], ends[:, 1]
+
+
+def _zero(x0: float, x1: float, y0: float, y1: float) -> float:
+    return x0 + (x1 - x0) * y0 / (y0 - y1)
+
+
+def test_alpha_c_interval_inverts_each_points_t_test_with_the_interpolation_error_inside():
+    """The last point whose 95 % t-interval lies below 0 and the first above it after it bracket α_c; the ends
+    are where the intervals' upper / lower ends cross 0, on the line and on the parabolas through a neighbour,
+    the outermost."""
+    gaps = {0.5: [-3.0, -2.5, -3.5], 0.75: [-1.5, -1.0, -2.0], 1.0: [-0.6, 0.4, 0.1], 1.25: [0.9, 1.2, 1.0],
+            1.5: [2.5, 3.0, 3.3]}
+    alpha, lower, upper = _t_bounds(gaps)
+    assert list(upper < 0) == [True, True, False, False, False] and list(lower > 0) == [False] * 3 + [True] * 2
+    lows = [_zero(0.75, 1.0, upper[1], upper[2])]  # upper end's zeros between 0.75 and 1.0
+    highs = [_zero(1.0, 1.25, lower[2], lower[3])]
+    for first, ends, out, lo in ((0, upper, lows, 0.75), (1, upper, lows, 0.75), (1, lower, highs, 1.0),
+                                 (2, lower, highs, 1.0)):
+        parabola = np.polynomial.Polynomial.fit(alpha[first:first + 3], ends[first:first + 3], 2)
+        out += [r.real for r in parabola.roots() if abs(r.imag) < 1e-9 and lo <= r.real <= lo + 0.25]
+    per_seed = np.array([gaps[a] for a in alpha]).T  # (S, A)
+    low, high, why = ST.alpha_c_interval(per_seed, alpha)
+    assert (low, high) == (pytest.approx(min(lows), abs=1e-9), pytest.approx(max(highs), abs=1e-9))
+    assert min(lows) < lows[0] and max(highs) > highs[0] and why == ""  # the parabolas widened both ends
+    # at 80 % the ends move in: a 50 % or 80 % interval is not a 95 % one
+    narrower = ST.alpha_c_interval(per_seed, alpha, level=0.8)
+    assert low < narrower.low and narrower.high < high
+    # the same through the report's table, with the column saying both sides are closed
+    row = ST.crossing_alphas(_gaps(gaps)).iloc[0]
+    assert (row.alpha_c_low, row.alpha_c_high, row.alpha_c_open) == (low, high, "")
+
+
+def test_alpha_c_interval_is_open_where_the_crossing_may_lie_beyond_the_grid_and_nan_only_without_seeds():
+    alpha = np.array([0.5, 0.75, 1.0])
+    rising = np.array([[-2.0, -0.5, 1.0], [-2.5, 0.3, 1.2], [-1.5, -0.2, 0.9]])  # (S, A)
+    closed = ST.alpha_c_interval(rising, alpha)
+    assert np.isfinite([closed.low, closed.high]).all() and 0.5 < closed.low < closed.high <= 1.0
+    # every point confidently positive: α_c lies below the grid, at most its first α
+    below = ST.alpha_c_interval(rising + 5, alpha)
+    assert below.low == -math.inf and below.high == 0.5 and below.why.startswith("open below")
+    # every point confidently negative: above the grid, at least its last α
+    above = ST.alpha_c_interval(rising - 5, alpha)
+    assert above.low == 1.0 and above.high == math.inf and above.why.startswith("open above")
+    # a first point still negative but not confidently: open below, closed above
+    loose = rising.copy()
+    loose[:, 0] = [-3.0, 1.0, -1.0]
+    half_open = ST.alpha_c_interval(loose, alpha)
+    assert half_open.low == -math.inf and half_open.high == closed.high
+    # one seed, or a single α with two seeds: no interval at all
+    assert all(math.isnan(x) for x in ST.alpha_c_interval(rising[:1], alpha)[:2])
+    sparse = rising.copy()
+    sparse[1:, 1:] = np.nan
+    assert all(math.isnan(x) for x in ST.alpha_c_interval(sparse, alpha)[:2])
+
+
+def test_sign_changes_count_a_zero_with_the_side_it_joins_and_alpha_c_of_is_nan_without_a_rise():
+    alpha = np.array([1.0, 2.0, 3.0])
+    assert ST.sign_changes(alpha, np.array([0.0, 1.0, 2.0])) == []  # starts at 0 and rises: no change
+    assert ST.sign_changes(alpha, np.array([2.0, 1.0, 0.0])) == []  # falls to 0: 0 joins the + side
+    assert ST.sign_changes(alpha, np.array([-1.0, 0.0, 1.0])) == [(2.0, "-+")]  # 0 joins the + side
+    assert ST.sign_changes(alpha, np.array([0.0, -1.0, -2.0])) == [(1.0, "+-")]
+    assert ST.sign_changes(alpha, np.array([0.5, -1.5, -2.0])) == [(1.25, "+-")]
+    assert ST.sign_changes(alpha, np.array([-2.0, 1.0, -1.0])) == [(pytest.approx(5 / 3), "-+"), (2.5, "+-")]
+    assert ST.sign_changes(alpha, np.array([-1.0, np.nan, 1.0])) == [(2.0, "-+")]  # NaN points skipped
+    assert math.isnan(ST.alpha_c_of(alpha, np.array([1.0, -1.0, -2.0])))
+    assert ST.alpha_c_of(alpha, np.array([1.0, -1.0, 1.0])) == 2.5
+
+
+def test_interpolate_curve_between_and_outside_the_table():
+    curve = {0.1: 1.0, 0.3: 3.0, 0.2: 1.5}
+    assert ST.interpolate_curve(curve, 0.25) == pytest.approx(2.25) and ST.interpolate_curve(curve, 0.1) == 1.0
+    assert math.isnan(ST.interpolate_curve(curve, 0.05)) and math.isnan(ST.interpolate_curve(curve, 0.35))
+
+
+def test_delta_summary_sorted_keeps_points_without_sigma_and_names_a_tie():
+    gaps = _gaps({1.2: [1.0, 3.0], 0.8: [-1.0, 1.0]})
+    gaps["delta_eps_g"] = [0.1, 0.4, 0.0, 0.2]
+    other = _gaps({1.0: [-2.0, -4.0]}).assign(**{R.SIGMA: np.nan})  # another tool's runs, without σ
+    summary = ST.student_delta_summary(pd.concat([gaps, other], ignore_index=True))
+    assert list(summary[R.ALPHA]) == [0.8, 1.0, 1.2] and math.isnan(summary.loc[1, R.SIGMA])
+    assert list(summary.lower_train_loss) == ["tie", "positional", "semantic"]
+    small = ST.student_delta_summary(_gaps({1.0: [0.4, 0.6], 1.5: [-0.4, -0.6]}))
+    assert list(small.lower_train_loss) == ["semantic", "positional"]
+    assert summary.loc[2, "delta_eps_g_std"] == pytest.approx(statistics.stdev([0.1, 0.4]))
+    empty = ST.student_delta_summary(gaps.iloc[:0])
+    assert empty.empty and list(empty.columns)[-2:] == ["lower_train_loss", ST.CALL]
+    crossing = ST.crossing_alphas(pd.concat([other, gaps.assign(**{R.OMEGA: 0.1})], ignore_index=True))
+    assert list(crossing[R.OMEGA]) == [0.1, 0.2] and crossing[R.SIGMA].isna().tolist() == [False, True]
+    assert list(crossing.columns) == [k for k in ST.DELTA_GROUP if k != R.ALPHA] + ST.CROSSING_COLUMNS
+    assert crossing.n_alpha.tolist() == [2, 1] and crossing.n_seeds.tolist() == [2, 2]
+    # the theory's α_c beside each row of the same σ, λ and ω (a left join: a row without one keeps NaN)
+    theory = pd.DataFrame({R.SIGMA: [0.5, 0.5], ST.LAM_FIXED: [0.01, 0.01], R.OMEGA: [0.1, 0.3],
+                           ST.ALPHA_C_THEORY: [0.75, 1.25]})
+    beside = ST.crossing_alphas(gaps.assign(**{R.OMEGA: 0.1}), theory=theory)
+    assert len(beside) == 1 and beside[ST.ALPHA_C_THEORY].tolist() == [0.75]
+    missing = ST.crossing_alphas(gaps, theory=theory)
+    assert len(missing) == 1 and missing[ST.ALPHA_C_THEORY].isna().all()
+
+
+def test_for_runs_finds_the_table_by_preset_else_by_an_arxiv_dataset_name():
+    assert PB.for_runs("imdb", "anything") is PB.TABLE1_IMDB and PB.for_runs("demo", "arxiv") is None
+    assert PB.for_runs(None, "ccdv/ArXiv-classification") is PB.TABLE3_ARXIV
+    assert PB.for_runs(None, "stanfordnlp/imdb") is None and PB.for_runs("", "ARXIV") is PB.TABLE3_ARXIV
+
+
+def test_alpha_c_interval_at_the_grids_edges_with_two_seeds_and_two_alphas():
+    """The outermost zero over every line and parabola that exists at the grid's first and last segments; two
+    seeds and two α suffice; no interval says why, and so does one open on both sides."""
+    alpha = np.array([0.5, 1.0, 1.5, 2.0])
+    per_seed = np.array([[-4.0, 1.0, 1.5, 7.0], [-3.0, 1.6, 1.9, 8.0], [-3.6, 1.3, 1.7, 7.5]])  # (S, A)
+    gaps = {a: list(per_seed[:, i]) for i, a in enumerate(alpha)}
+    _, lower, upper = _t_bounds(gaps)
+    assert list(upper < 0) == [True, False, False, False] and list(lower > 0) == [False, True, True, True]
+
+    def zeros(ends, left):  # the line's zero, and each parabola's through the segment and a neighbour
+        out = [_zero(alpha[left], alpha[left + 1], ends[left], ends[left + 1])]
+        for first in (left - 1, left):
+            if 0 <= first <= len(alpha) - 3:
+                parabola = np.polynomial.Polynomial.fit(alpha[first:first + 3], ends[first:first + 3], 2)
+                out += [r.real for r in parabola.roots()
+                        if abs(r.imag) < 1e-9 and alpha[left] <= r.real <= alpha[left + 1]]
+        return out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no parabola fitted through fewer than three points
+        got, last = ST.alpha_c_interval(per_seed, alpha), ST.alpha_c_interval(-per_seed[:, ::-1], alpha)
+    assert (got.low, got.high) == (pytest.approx(min(zeros(upper, 0))), pytest.approx(max(zeros(lower, 0))))
+    assert min(zeros(upper, 0)) < zeros(upper, 0)[0]  # the parabola from the grid's first point moved it
+    # the last segment: mirrored data, the crossing between 1.5 and 2.0
+    mirrored = -per_seed[:, ::-1]
+    _, lower_m, upper_m = _t_bounds({a: list(mirrored[:, i]) for i, a in enumerate(alpha)})
+    assert (last.low, last.high) == (pytest.approx(min(zeros(upper_m, 2))), pytest.approx(max(zeros(lower_m, 2))))
+    assert max(zeros(lower_m, 2)) > zeros(lower_m, 2)[0]  # the parabola to the grid's last point moved it
+    # two seeds, two α: still an interval
+    two = ST.alpha_c_interval(np.array([[-3.0, 2.0], [-2.9, 2.2]]), np.array([1.0, 1.5]))
+    assert 1.0 < two.low < two.high < 1.5 and two.why == ""
+    assert ST.alpha_c_interval(np.array([[-3.0, 2.0]]), np.array([1.0, 1.5])).why == (
+        "fewer than two α with two seeds or more: no interval")
+    flat = ST.alpha_c_interval(np.array([[-1.0, 1.0], [1.0, -1.0]]), np.array([1.0, 1.5]))
+    assert (flat.low, flat.high) == (-math.inf, math.inf) and flat.why == (
+        "open below: the gap is not confidently negative at any α before it; "
+        "open above: the gap is not confidently positive at any α after it")
+
+
+def test_the_phase_map_draws_each_alpha_c_interval_with_an_arrow_where_it_is_open():
+    from pefusion.analysis import figures as F
+
+    rising = {0.5: [-3.0, -2.5, -3.5], 0.75: [-1.5, -1.0, -2.0], 1.0: [-0.6, 0.4, 0.1], 1.25: [0.9, 1.2, 1.0],
+              1.5: [2.5, 3.0, 3.3]}
+    negative = {a: [g - 10.0 for g in gaps] for a, gaps in rising.items()}  # ω 0.3: α_c above the grid
+    deltas = pd.concat([_gaps(rising, 0.2), _gaps(negative, 0.3)], ignore_index=True)
+    crossings = ST.crossing_alphas(deltas).set_index(R.OMEGA)
+    assert crossings.loc[0.3, "alpha_c_high"] == math.inf
+    assert crossings.loc[0.3, "alpha_c_open"].startswith("open above")
+    fig = F.phase_diagram_figure(ST.student_delta_summary(deltas), crossings=crossings.reset_index())
+    ends = {(round(float(line.get_ydata()[0]), 6), line.get_marker()): float(line.get_xdata()[0])
+            for line in fig.axes[0].lines if line.get_color() == "tab:purple" and len(line.get_xdata()) == 1}
+    low, high = crossings.loc[0.2, ["alpha_c_low", "alpha_c_high"]]
+    assert ends[(0.2, "|")] in (pytest.approx(low), pytest.approx(high))
+    assert ends[(0.3, ">")] == pytest.approx(1.6) and (0.3, "<") not in ends  # open above: to the edge, arrowed
+    assert "α_c here, 95 % interval (arrow: open beyond the grid)" in fig.axes[0].get_legend_handles_labels()[1]
 
 
 def test_lambda_cv_phase_figure_labels_lambda_star_and_a_small_d_says_it_cannot_place_the_transition(store):
@@ -602,26 +807,83 @@ def test_lambda_cv_phase_figure_labels_lambda_star_and_a_small_d_says_it_cannot_
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _paper_sample(mean: float, sd: float, n: int) -> np.ndarray:
+    """n values with exactly this mean and sample SD: the paper's seeds as scipy's two-sample test reads them."""
+    z = np.random.default_rng(n).normal(size=n)
+    return mean + sd * (z - z.mean()) / z.std(ddof=1)
+
+
 @pytest.mark.parametrize("ours,paper", [
-    ([83.1, 83.5, 83.2, 83.6, 83.3], 83.28),  # the paper's mean inside our interval
-    ([84.0, 84.2, 84.1], 83.28),  # all of our interval above it
-    ([82.0, 82.9, 81.7, 82.4], 83.28),  # below it
-    ([83.0, 83.0], 83.0),  # no spread: the interval is the point, which the paper's mean equals
-])
-def test_verdict_against_an_independent_t_interval(ours, paper):
-    n, mean = len(ours), float(np.mean(ours))
-    low, high = stats.t.interval(0.95, n - 1, loc=mean, scale=stats.sem(ours)) if np.std(ours) else (mean, mean)
-    expected = "within" if low <= paper <= high else ("above" if low > paper else "below")
-    got = PB.verdict(ours, paper)
-    assert got["verdict"] == expected and got["n"] == n
-    assert got["delta"] == pytest.approx(mean - paper, abs=1e-12)
+    ([83.1, 83.5, 83.2, 83.6, 83.3], (83.28, 0.15)),  # the paper's mean inside our one-sample interval: consistent
+    ([84.0, 84.2, 84.1], (83.28, 0.15)),  # above
+    ([82.0, 82.9, 81.7, 82.4], (83.28, 0.15)),  # below
+    ([83.0, 83.0], (82.9, 0.13)),  # no spread on our side: a one-sample interval would be the point, 0.1 above
+    ([62.1, 66.3], (59.22, 1.07)),  # two seeds 4.9 pp above a wide cell: the difference's interval holds 0
+    ([60.0, 60.5, 60.2, 60.4, 60.1], (59.22, 1.07)),  # the paper's mean outside our one-sample interval, yet
+])                                                      # its own spread over five seeds keeps the Welch interval
+def test_verdict_is_welchs_two_sample_test_against_scipy_on_the_papers_seeds(ours, paper):
+    """The difference ours − paper, its 95 % interval and p-value as scipy's Welch test computes them on a
+    sample with the paper's mean and SD, the verdict from them, and `detectable` from the non-central t."""
+    mean, sd = paper
+    test = stats.ttest_ind(ours, _paper_sample(mean, sd, 5), equal_var=False)
+    low, high = test.confidence_interval(0.95)
+    expected = "above" if low > 0 else "below" if high < 0 else "consistent"
+    got = PB.verdict(ours, mean, sd, 5)
+    assert got["verdict"] == expected and got["n"] == len(ours)
+    assert got["delta"] == pytest.approx(np.mean(ours) - mean, abs=1e-12)
     assert (got["ci95_low"], got["ci95_high"]) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
+    assert got["p_value"] == pytest.approx(test.pvalue, rel=1e-9)
+    se = math.sqrt(np.var(ours, ddof=1) / len(ours) + sd ** 2 / 5)
+    critical, shift = stats.t.ppf(0.975, test.df), got["detectable"] / se  # either tail rejects
+    power = stats.nct.sf(critical, test.df, shift) + stats.nct.sf(critical, test.df, -shift)
+    assert power == pytest.approx(0.8, abs=1e-6)
+
+
+def test_the_two_last_verdicts_are_the_ones_a_one_sample_interval_gets_wrong():
+    assert PB.verdict([83.0, 83.0], 82.9, 0.13, 5)["verdict"] == PB.CONSISTENT
+    assert PB.verdict([60.0, 60.5, 60.2, 60.4, 60.1], 59.22, 1.07, 5)["verdict"] == PB.CONSISTENT
+    assert PB.verdict([62.1, 66.3], 59.22, 1.07, 5)["detectable"] > 10  # two seeds could miss 10 pp
 
 
 def test_verdict_of_one_seed_has_no_interval():
-    got = PB.verdict([84.0], 83.28)
-    assert got["verdict"] == "one seed: no interval" and math.isnan(got["ci95_low"]) and math.isnan(got["ci95_high"])
-    assert got["delta"] == pytest.approx(0.72)
+    nan = math.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no mean of an empty array
+        one, none = PB.verdict([84.0], 83.28, 0.15, 5), PB.verdict([], 83.28, 0.15, 5)
+    assert one == pytest.approx({"n": 1, "mean": 84.0, "sd": nan, "delta": 0.72, "ci95_low": nan, "ci95_high": nan,
+                                 "p_value": nan, "detectable": nan, "verdict": "one seed: no verdict"}, nan_ok=True)
+    assert none == pytest.approx({"n": 0, "mean": nan, "sd": nan, "delta": nan, "ci95_low": nan, "ci95_high": nan,
+                                  "p_value": nan, "detectable": nan, "verdict": PB.NO_RUN}, nan_ok=True)
+
+
+def test_verdict_without_spread_on_either_side_and_exactly_equal_means():
+    """Both SDs 0: the difference is known exactly, its interval the point; a difference of exactly 0 is neither
+    above nor below."""
+    above = PB.verdict([83.5, 83.5], 83.0, 0.0, 5)
+    assert (above["ci95_low"], above["ci95_high"], above["verdict"]) == (pytest.approx(0.5), pytest.approx(0.5),
+                                                                           "above")
+    assert PB.verdict([83.0, 83.0], 83.0, 0.0, 5)["verdict"] == "consistent"
+    got = PB.verdict([83.0, 84.0, 85.0], 84.0, 0.5, 5)
+    assert got["sd"] == 1.0 and got["mean"] == 84.0 and got["verdict"] == "consistent"
+
+
+def test_welch_from_summaries_elementwise_and_detectable_where_defined():
+    """`welch` over arrays equals scipy's Welch test on samples with those summaries; `detectable` grows with
+    the power asked for and is NaN where there is no spread or no degree of freedom."""
+    a, b = [61.0, 63.5, 60.2, 62.0], _paper_sample(59.22, 1.07, 5)
+    w = PB.welch(np.array([np.mean(a), 1.0]), np.array([np.std(a, ddof=1), 0.5]), np.array([4, 3]),
+                 np.array([59.22, 0.0]), np.array([1.07, 0.5]), np.array([5, 3]))
+    test = stats.ttest_ind(a, b, equal_var=False)
+    assert (w["diff"][0], w["df"][0], w["p_value"][0]) == (pytest.approx(np.mean(a) - 59.22), pytest.approx(test.df),
+                                                            pytest.approx(test.pvalue))
+    assert w["se"][0] == pytest.approx(math.sqrt(np.var(a, ddof=1) / 4 + 1.07 ** 2 / 5))
+    assert (w["low"][0], w["high"][0]) == pytest.approx(tuple(test.confidence_interval(0.95)))
+    assert w["diff"][1] == 1.0 and w["df"][1] == pytest.approx(4.0)
+    more = PB.welch(1.0, 1.0, 5, 0.0, 1.0, 5, power=0.9)["detectable"]
+    assert more > PB.welch(1.0, 1.0, 5, 0.0, 1.0, 5)["detectable"]
+    assert PB.detectable_difference(1.0, 1.0) == pytest.approx(16.334, abs=1e-3)  # the non-central t, 1 df
+    for se, df in ((0.0, 4.0), (1.0, 0.0), (1.0, math.nan), (math.nan, 4.0)):
+        assert math.isnan(PB.detectable_difference(se, df)), (se, df)
 
 
 def table1_runs(preset: str, dataset: str, accs: dict[str, list[float]], **params) -> pd.DataFrame:
@@ -644,17 +906,20 @@ def test_imdb_runs_are_compared_with_table1_whatever_their_data_folder_is_called
         row, paper = table.loc[fu], PB.TABLE1_IMDB.cells[("sinusoidal", fu)]
         assert (row.published_mean, row.published_std) == paper
         assert row.delta_vs_paper == pytest.approx(np.mean(values) - paper[0])
-        assert row.verdict == PB.verdict(values, paper[0])["verdict"]
+        judged = PB.verdict(values, *paper, 5)
+        assert row.verdict == judged["verdict"]
+        assert [row.delta_ci95_low, row.delta_ci95_high, row.detectable] == pytest.approx(
+            [judged["ci95_low"], judged["ci95_high"], judged["detectable"]], nan_ok=True)
         assert row.protocol == "as published"
-    assert list(table.verdict) == ["within", "below", "one seed: no interval"]
+    assert list(table.verdict) == ["consistent", "below", "one seed: no verdict"]
     # A --data-dir folder named `small`, one epoch at 128 tokens: still IMDB's row, marked as a changed protocol.
     changed = FT.table1(table1_runs("imdb", "small", {"add": [70.0]}, max_len=128, max_epochs=1))
     row = changed.iloc[0]
-    assert (row.published_mean, row.verdict) == (83.28, "one seed: no interval")
+    assert (row.published_mean, row.verdict) == (83.28, "one seed: no verdict")
     assert row.protocol.startswith("changed: ") and "max_len 512→128" in row.protocol
     assert "max_epochs 20→1" in row.protocol and "data small (not stanfordnlp/imdb)" in row.protocol
     shown = FM.to_markdown(FT.table1_display(changed, digits=2))
-    assert "83.28 ± 0.15" in shown and "| one seed: no interval |" in shown and "-13.28" in shown
+    assert "83.28 ± 0.15" in shown and "| one seed: no verdict |" in shown and "-13.28" in shown
 
 
 def test_agnews_and_arxiv_runs_find_their_tables_and_other_presets_none():

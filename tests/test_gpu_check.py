@@ -77,6 +77,45 @@ def test_a_case_fails_on_a_non_finite_weight_or_validation_loss(monkeypatch):
         check.run_case(case, preset, corpus, torch.device("cpu"), syncs)
 
 
+def test_a_case_fails_when_its_loss_does_not_fall(monkeypatch):
+    """Its validation split is its training split: optimiser steps that change nothing leave the loss where it was,
+    and the case says so."""
+    preset = check.check_preset("text", tiny=True)
+    corpus = check.check_corpus(preset, 2, check.TINY_VOCAB)
+    case = check.Case("text", "sinusoidal", "add", "auto")
+    check.run_case(case, preset, corpus, torch.device("cpu"), check.SyncCount(torch.device("cpu")))
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, closure=None: None)  # text's optimiser
+    with pytest.raises(RuntimeError, match=r"^seed 0: the loss did not fall over 2 steps on the data it trained on"):
+        check.run_case(case, preset, corpus, torch.device("cpu"), check.SyncCount(torch.device("cpu")))
+
+
+def test_a_stacked_seed_is_checked_against_its_separate_trial_and_a_mixed_up_row_fails(monkeypatch):
+    """The wide stack's last seed against the separate trial of the same seed, fp32 without dropout: on a CPU
+    within 1e-7 (tolerance 1e-4); a stack that hands each seed another seed's row differs by far more."""
+    from pefusion.fusion.stacked import StackedTrainer
+
+    preset = check.check_preset("text", tiny=True)
+    corpus = check.check_corpus(preset, 2, check.TINY_VOCAB)
+    case = check.Case("text", "sinusoidal", "concat", "auto", seeds=check.WIDE_STACK)
+    cpu = torch.device("cpu")
+    seeds = list(range(check.WIDE_STACK))
+    gap = check.relative_gap(check._short_run(case, preset, corpus, cpu, seeds),
+                             check._short_run(case, preset, corpus, cpu, seeds[-1:]))
+    assert gap <= 1e-6
+    check.reference_checks(case, preset, corpus, cpu)
+
+    @torch.no_grad()
+    def mixed_up(self):  # row r into seed active[-1 - r]
+        stacked = dict(self.model.named_parameters())
+        for row, seed in enumerate(reversed(self.active)):
+            for name, tensor in self.trainers[seed].model.named_parameters():
+                tensor.copy_(stacked[name][row])
+
+    monkeypatch.setattr(StackedTrainer, "sync_models", mixed_up)
+    with pytest.raises(RuntimeError, match=r"^stacked seed 4 differs from its separate trial by .* more than 0.0001"):
+        check.reference_checks(case, preset, corpus, cpu)
+
+
 @pytest.mark.subprocess_ray
 def test_gpu_check_on_a_cpu_runs_every_case_and_a_sweep_through_ray_and_mlflow(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--device", "cpu"],

@@ -319,18 +319,26 @@ def test_alibi_bias_is_built_once_per_batch_in_the_compute_dtype_and_shared_by_t
     torch.testing.assert_close(mask.float(), expected.bfloat16().float(), rtol=0, atol=0)
 
 
+# Ops that hand a tensor's value to the host: on a card each makes the host wait for the device.
+HOST_READS = {"aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.nonzero.default",
+              "aten.masked_select.default", "aten.item.default"}
+
+
 @pytest.mark.parametrize("pe_type,fusion", PAIRS, ids=PAIR_IDS)
-def test_a_training_step_reads_no_value_back_from_the_device(pe_type, fusion):
-    """A training step (forward, loss, backward, clipping, Adam), separate and as 2 stacked seeds, dispatches no op
-    that hands a tensor's value to the host (`.item()`, `bool(tensor)`, `nonzero`, boolean indexing): on a card
-    each would make the host wait for the device. Dropout 0: on a CPU, pefusion's dropout kernels seed a numpy
-    generator from torch's (a read of a host tensor); a card runs PyTorch's dropout."""
+def test_a_training_step_reads_no_value_back_from_the_device(pe_type, fusion, monkeypatch):
+    """The trainers' own `step` — `Trainer.step` of a separate trial and `StackedTrainer.step` of 2 stacked seeds,
+    fed by their own `train_steps` (the text preset shrunk: pre-LN, AdamW with warm-up, clipping at 1) — dispatches
+    no op that hands a tensor's value to the host (`.item()`, `bool(tensor)`, `nonzero`, boolean indexing). The
+    optimiser is fused, as `make_optimizer` builds it on a card: the CPU's unfused Adam reads its step count, a
+    host tensor there. Dropout 0: on a CPU, pefusion's dropout kernels seed a numpy generator from torch's (a read
+    of a host tensor); a card runs PyTorch's dropout."""
+    import functools
+
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from pefusion.fusion.stacked import stack_models
-
-    reads = {"aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.nonzero.default",
-             "aten.masked_select.default", "aten.item.default"}
+    from pefusion.fusion import check
+    from pefusion.fusion.stacked import StackedTrainer
+    from pefusion.fusion.training import Trainer
 
     class Reads(TorchDispatchMode):
         def __init__(self):
@@ -338,27 +346,33 @@ def test_a_training_step_reads_no_value_back_from_the_device(pe_type, fusion):
             self.seen = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if str(func) in reads:
+            if str(func) in HOST_READS:
                 self.seen.append(str(func))
             return func(*args, **(kwargs or {}))
 
-    def model(seed):
-        torch.manual_seed(seed)
-        return build_model(V, C, d_model=D, nhead=NHEAD, num_layers=LAYERS, dim_ff=FF, dropout=0.0,
-                           max_len=MAX_LEN, pe_type=pe_type, fusion=fusion)
+    seen: list[tuple[str, str]] = []
 
-    tokens = torch.randint(1, V, (2, 3, 12), generator=torch.Generator().manual_seed(0))
-    tokens[:, 1, 5:] = 0
-    labels = torch.tensor([[0, 1, 2], [2, 1, 0]])
-    for net, x, y in ((model(0), tokens[0], labels[0]), (stack_models([model(0), model(1)]), tokens, labels)):
-        optimizer = torch.optim.Adam(net.parameters(), fused=True)  # as on a card
-        with Reads() as mode:
-            loss = F.cross_entropy(net(x).float().reshape(-1, C), y.reshape(-1))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            optimizer.step()
-        assert mode.seen == [], (x.dim(), mode.seen)
+    def watched(name, step):
+        def run(batch):
+            with Reads() as mode:
+                out = step(batch)
+            seen.extend((name, op) for op in mode.seen)
+            return out
+        return run
+
+    for name in ("Adam", "AdamW"):
+        monkeypatch.setattr(torch.optim, name, functools.partial(getattr(torch.optim, name), fused=True))
+    preset = check.check_preset("text", tiny=True)
+    model = dataclasses.replace(preset.model, pe_type=pe_type, fusion=fusion, dropout=0.0, attn_dropout=0.0,
+                                embed_dropout=0.0, head_dropout=0.0)
+    train = dataclasses.replace(preset.train, device="cpu", precision="fp32")
+    assert train.grad_clip > 0 and train.warmup > 0  # clipping and the schedule are in the step
+    corpus = check.check_corpus(preset, 2, check.TINY_VOCAB)
+    separate = Trainer(model, train, corpus, torch.device("cpu"))
+    stacked = StackedTrainer(model, train, corpus, [0, 1], torch.device("cpu"))
+    separate.step, stacked.step = watched("separate", separate.step), watched("stacked", stacked.step)
+    steps = [len(list(separate.train_steps())), len(list(stacked.train_steps()))]
+    assert steps == [check.STEPS, check.STEPS] and seen == [], seen
 
 
 # ---------------------------------------------------------------------------------------------------------

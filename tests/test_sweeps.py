@@ -543,7 +543,7 @@ def test_phase_diagram_demo_shows_one_transition_near_the_theory(local_ray, in_t
                            R.SIGMA: rows[R.SIGMA], R.D: rows[R.D], ST.LAM_FIXED: rows[R.LAMBDA],
                            R.SEED: rows[R.SEED], "delta_eps_g": 0.0,
                            "delta_eps_t": rows["eps_t_positional"] - rows["eps_t_semantic"]})
-    crossing = ST.crossing_alphas(deltas, draws=200).set_index(R.OMEGA)
+    crossing = ST.crossing_alphas(deltas).set_index(R.OMEGA)
     for omega, row in crossing.iterrows():
         assert row.n_call_changes <= 1, (omega, row.sign_changes)
         if omega in THEORY_ALPHA_C:

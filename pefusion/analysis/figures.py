@@ -90,7 +90,7 @@ def paired_delta_figure(summary: pd.DataFrame, per_seed: pd.DataFrame, pe_type: 
     low = np.nan_to_num((s["delta_mean"] - s["ci95_low"]).to_numpy(float))
     high = np.nan_to_num((s["ci95_high"] - s["delta_mean"]).to_numpy(float))
     ax.errorbar(range(len(s)), s["delta_mean"], yerr=[low, high], fmt="D", color="black", capsize=5, ms=6,
-                label="mean ± 95% CI", zorder=3)
+                label="mean ± 95 % t-interval (n − 1 df)", zorder=3)
     ax.axhline(0.0, color="gray", lw=0.8, ls="--")
     ax.set_xticks(range(len(s)), [f"{fu}\n(n={n})" for fu, n in zip(s["fusion"], s["n_pairs"])])
     ax.set_xlim(-0.6, max(len(s) - 0.4, 0.6))
@@ -242,7 +242,8 @@ def _size_warning(fig: Figure, frame: pd.DataFrame, alpha_c: Curve | None = None
     seeds = int(frame["n_pairs"].min()) if "n_pairs" in frame and len(frame) else 0
     if far:
         reasons.append(f"{seeds} seed(s) leave {len(far)} point(s) more than {DECIDE_WITHIN:g} from α_c "
-                       f"undecided (|mean Δε_t| < 2 SE; e.g. {far[0]}): more seeds are needed to place it")
+                       f"undecided (Δε_t not told from 0 by a t-test at 5 %; e.g. {far[0]}): more seeds are "
+                       f"needed to place it")
     if flips:
         reasons.append(f"the calls change sign more than once along α at ω = {', '.join(flips)}: "
                        f"too few seeds or too small a d to place the transition")
@@ -398,17 +399,41 @@ def _escaped(ax, grid: pd.DataFrame, student: pd.DataFrame) -> None:
             label = None
 
 
+def _alpha_c_intervals(ax, crossings: pd.DataFrame, chosen: dict, grid: pd.DataFrame) -> None:
+    """Each ω's α_c estimate and 95 % interval (student_tables.crossing_alphas) as a bar across α; a side open to
+    ±∞ (the crossing may lie beyond the grid) drawn as an arrow to the map's edge."""
+    rows = crossings
+    for key, value in chosen.items():
+        if key in rows:
+            rows = rows[(rows[key] == value) | (rows[key].isna() & pd.isna(value))]
+    edge_low, edge_high = float(grid[R.ALPHA].min()), float(grid[R.ALPHA].max())
+    label = "α_c here, 95 % interval (arrow: open beyond the grid)"
+    for row in rows.itertuples():
+        low, high = getattr(row, "alpha_c_low"), getattr(row, "alpha_c_high")
+        if pd.isna(low) or pd.isna(high):
+            continue
+        omega = getattr(row, R.OMEGA)
+        left, right = max(low, edge_low - 0.1), min(high, edge_high + 0.1)
+        ax.plot([left, right], [omega, omega], color="tab:purple", lw=2, alpha=0.8, label=label)
+        label = None
+        for end, is_open, marker in ((left, math.isinf(low), "<"), (right, math.isinf(high), ">")):
+            ax.plot([end], [omega], marker=marker if is_open else "|", color="tab:purple", ms=8)
+        if not pd.isna(getattr(row, "alpha_c_estimate")):
+            ax.plot([getattr(row, "alpha_c_estimate")], [omega], "o", color="tab:purple", ms=4)
+
+
 def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = None,
                          alpha_l: Curve | None = None, theory: pd.DataFrame | None = None,
-                         student: pd.DataFrame | None = None) -> Figure:
+                         student: pd.DataFrame | None = None, crossings: pd.DataFrame | None = None) -> Figure:
     """Each point called from its seeds (student_tables.call_points: semantic, positional or undecided) over
     (α, ω): which solution reaches the lower training loss, with the published
     α_c(ω) (and α_l(ω)) curves (the paper's d → ∞ values at λ = 0.01) and, given `theory`
     (student_tables.theory_alpha_c), the d → ∞ α_c(ω) at the slice's σ and λ. Uses the (source, σ, d, λ) slice
     with the most grid points. For λ-CV points, given the long `student` frame, each point is labelled with the
     λ* of its semantic and positional fits, and a cross marks a point where a fit ended in the other solution.
-    Below the paper's d, or where too few seeds decide the points, the figure says it cannot place the
-    transition (`_size_warning`)."""
+    Given `crossings` (student_tables.crossing_alphas), each ω's estimated α_c and its 95 % interval are drawn as
+    a bar, an arrow where a side is open. Below the paper's d, or where too few seeds decide the points, the
+    figure says it cannot place the transition (`_size_warning`)."""
     keys = ["source", R.SIGMA, R.D, ST.LAM_FIXED]
     sizes = delta_summary.groupby(keys, dropna=False).size()
     chosen = sizes.idxmax()
@@ -417,9 +442,9 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
     grid = delta_summary[mask]
     fig, axes = new_figure(size=(6.4, 4.6))
     ax = axes[0, 0]
-    for side, color, text in ((ST.SEMANTIC, "tab:blue", "semantic lower (mean Δε_t > 2 SE)"),
-                              (ST.POSITIONAL, "tab:red", "positional lower (mean Δε_t < −2 SE)"),
-                              (ST.UNDECIDED, "0.6", "undecided (|mean Δε_t| < 2 SE)")):
+    for side, color, text in ((ST.SEMANTIC, "tab:blue", "semantic lower (t-test of the seeds' Δε_t, 5 %)"),
+                              (ST.POSITIONAL, "tab:red", "positional lower (t-test, 5 %)"),
+                              (ST.UNDECIDED, "0.6", "undecided (Δε_t not told from 0 at 5 %)")):
         pts = grid[grid[ST.CALL] == side]
         if len(pts):
             ax.scatter(pts[R.ALPHA], pts[R.OMEGA], c=color, marker="s", s=60, label=text)
@@ -439,6 +464,8 @@ def phase_diagram_figure(delta_summary: pd.DataFrame, alpha_c: Curve | None = No
         if len(line):
             ax.plot(line[ST.ALPHA_C_THEORY], line[R.OMEGA], "--", color="tab:green", marker="x", lw=1.5,
                     label="α_c(ω), d → ∞ theory")
+    if crossings is not None:
+        _alpha_c_intervals(ax, crossings, chosen_keys, grid)
     ax.set_xlabel("α = n / d")
     ax.set_ylabel("ω (weight of the positional teacher)")
     context = ", ".join(f"{_SYMBOL.get(k, k)}={v:g}" if isinstance(v, float) else str(v)
@@ -463,8 +490,9 @@ def student_figures(student: pd.DataFrame, out_dir: str | Path, alpha_c: Curve |
     delta_summary = ST.student_delta_summary(ST.student_deltas(student))
     if len(delta_summary):
         paths.append(save_figure(student_delta_figure(delta_summary, alpha_c, alpha_l), out_dir, "student_deltas"))
-        paths.append(save_figure(phase_diagram_figure(delta_summary, alpha_c, alpha_l, theory_alpha_c, student),
-                                 out_dir, "student_phase_diagram"))
+        crossings = ST.crossing_alphas(ST.student_deltas(student))
+        paths.append(save_figure(phase_diagram_figure(delta_summary, alpha_c, alpha_l, theory_alpha_c, student,
+                                                      crossings), out_dir, "student_phase_diagram"))
     if len(summary):
         paths.append(save_figure(student_order_figure(summary), out_dir, "student_order_parameters"))
     lam_fig = lambda_star_figure(summary) if len(summary) else None

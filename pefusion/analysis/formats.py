@@ -60,9 +60,9 @@ PCT, PP = "_pct", "_pp"  # header suffixes: percent, percentage points
 # Accuracies a trial records as fractions in [0, 1] (pefusion.record, MLflow): written in percent as <name>_pct.
 FRACTION_COLUMNS = (R.TEST_ACC, R.VAL_ACC, R.BEST_VAL_ACC, R.TEST_MACRO_F1)
 # Table columns the analysis computes already in percent or percentage points: the unit is added to the header.
-PERCENT_COLUMNS = ("test_acc_mean", "test_acc_std", "published_mean", "published_std", "test_acc_ci95_low",
-                   "test_acc_ci95_high")
-POINTS_COLUMNS = ("delta_mean", "delta_std", "ci95_low", "ci95_high", "delta_vs_paper")
+PERCENT_COLUMNS = ("test_acc_mean", "test_acc_std", "published_mean", "published_std")
+POINTS_COLUMNS = ("delta_mean", "delta_std", "ci95_low", "ci95_high", "delta_vs_paper", "delta_ci95_low",
+                  "delta_ci95_high", "detectable")
 # Unix seconds (a trial's record) and Unix milliseconds (MLflow's start_time): written as ISO 8601, UTC.
 SECONDS_TIMES, MILLISECOND_TIMES = (R.STARTED_AT, R.ENDED_AT), ("start_time",)
 PVALUE_COLUMNS = ("t_pvalue", "wilcoxon_pvalue", "wilcoxon_min_p")

@@ -91,14 +91,18 @@ TABLE1_DOC = {
     "published_mean": "the paper's mean test accuracy over its seeds 0-4, % (presets with published numbers)",
     "published_std": "the paper's standard deviation over its seeds 0-4, %",
     "delta_vs_paper": "our mean minus the paper's, percentage points",
-    "test_acc_ci95_low": "lower end of the 95 % t-interval of our mean, %",
-    "test_acc_ci95_high": "upper end of the 95 % t-interval of our mean, %",
-    "verdict": "within: the paper's mean lies in our interval; above / below: our whole interval lies above / "
-               "below it; one seed: no interval",
+    "delta_ci95_low": "lower end of the difference's 95 % Welch interval (our seeds and the paper's five as two "
+                      "samples), percentage points",
+    "delta_ci95_high": "upper end of the difference's 95 % Welch interval, percentage points",
+    "detectable": "the smallest difference (either sign) these seeds and the paper's would call above or below "
+                  "80 % of the time, percentage points",
+    "verdict": "above / below: the difference's interval excludes 0 (Welch's test at 5 %, two-sided); consistent: "
+               "it holds 0, which says no more than that a difference under `detectable` could be missed; one "
+               "seed: no verdict",
     "protocol": "'as published', or each recorded setting (and the data) that differs from the preset's",
 }
-PUBLISHED_COLUMNS = ("published_mean", "published_std", "delta_vs_paper", "test_acc_ci95_low", "test_acc_ci95_high",
-                     "verdict", "protocol")
+PUBLISHED_COLUMNS = ("published_mean", "published_std", "delta_vs_paper", "delta_ci95_low", "delta_ci95_high",
+                     "detectable", "verdict", "protocol")
 
 
 def table1(runs: pd.DataFrame) -> pd.DataFrame:
@@ -137,11 +141,11 @@ def table1(runs: pd.DataFrame) -> pd.DataFrame:
     for pe, fu in zip(table.pe_type, table.fusion):
         cell = ok[(ok[R.PE_TYPE] == pe) & (ok[R.FUSION] == fu)]
         mean, std = paper.cells.get((pe, fu), (math.nan, math.nan))
-        judged = PB.verdict(cell[R.TEST_ACC].astype(float) * 100, mean)
+        judged = PB.verdict(cell[R.TEST_ACC].astype(float) * 100, mean, std, paper.n_seeds)
         if math.isnan(mean):
             judged.update(delta=math.nan, verdict=f"not in the paper's {paper.table}")
         extra.append(dict(zip(PUBLISHED_COLUMNS, (mean, std, judged["delta"], judged["ci95_low"], judged["ci95_high"],
-                                                  judged["verdict"], protocol(cell, preset)))))
+                                                  judged["detectable"], judged["verdict"], protocol(cell, preset)))))
     table = pd.concat([table, pd.DataFrame(extra, columns=list(PUBLISHED_COLUMNS))], axis=1)
     table.attrs.update(published=paper.label, **{R.LATENCY: latency_words(ok)})
     return table
@@ -186,10 +190,12 @@ def table1_display(table: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
                         "test accuracy (%), mean ± SD": pm("test_acc", digits)})
     if "published_mean" in table:
         out["test accuracy, paper (%), seeds 0–4"] = pm("published", 2)
-        out["ours − paper (pp)"] = ["–" if pd.isna(d) else f"{d:+.{digits}f}" for d in table.delta_vs_paper]
-        out["our 95 % CI (%)"] = ["–" if pd.isna(lo) else f"{lo:.{digits}f} – {hi:.{digits}f}"
-                                  for lo, hi in zip(table.test_acc_ci95_low, table.test_acc_ci95_high)]
-        out["verdict"] = table.verdict
+        out["ours − paper (pp), 95 % CI"] = [
+            "–" if pd.isna(d) else f"{d:+.{digits}f}" if pd.isna(lo) else
+            f"{d:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+            for d, lo, hi in zip(table.delta_vs_paper, table.delta_ci95_low, table.delta_ci95_high)]
+        out["verdict (Welch, 5 %)"] = table.verdict
+        out["detectable at 80 % power (pp)"] = ["–" if pd.isna(x) else f"{x:.{digits}f}" for x in table.detectable]
         out["protocol"] = table.protocol
     out["parameters"] = ["–" if pd.isna(p) else f"{p:,.0f}" for p in table.params_mean]
     out[f"latency (ms / sample, {table.attrs.get(R.LATENCY, 'method not recorded')})"] = pm("lat_ms", 3)
@@ -214,11 +220,28 @@ def wilcoxon_min_p(n_pairs: int) -> float:
     return 2.0 ** (1 - n_pairs) if n_pairs >= 1 else math.nan
 
 
+PAIRED_LEVEL = 0.95
+
+
+def paired_interval(delta: np.ndarray, level: float = PAIRED_LEVEL) -> tuple[np.ndarray, ...]:
+    """The paired t-interval of the mean of `delta` (..., n), the last axis the seeds' differences: (mean,
+    sample SD, low, high), each (...), mean ± t_{n−1, (1+level)/2}·SD/√n. Its coverage is checked by simulation
+    (tests/test_calibration.py)."""
+    from scipy import special  # stats.t.ppf without its argument checks (simulations call this often)
+
+    delta = np.asarray(delta, dtype=float)
+    n = delta.shape[-1]
+    mean, std = delta.mean(-1), delta.std(-1, ddof=1)
+    half = special.stdtrit(n - 1, (1 + level) / 2) * std / math.sqrt(n)
+    return mean, std, mean - half, mean + half
+
+
 def paired_stats(acc: Sequence[float], acc_baseline: Sequence[float]) -> dict[str, Any]:
     """Statistics of paired differences acc − acc_baseline (already matched by seed, same order).
 
-    Mean, sample std (ddof=1), 95% t interval, paired t-test and Wilcoxon signed-rank p-values (scipy); a test
-    that cannot run (n < 2, all differences zero or all equal) gives NaN and says why in `note`.
+    Mean, sample std (ddof=1), 95% t interval (`paired_interval`), paired t-test and Wilcoxon signed-rank
+    p-values (scipy); a test that cannot run (n < 2, all differences zero or all equal) gives NaN and says why
+    in `note`.
     """
     from scipy import stats  # here: a sweep's own Table 1 needs no test, and scipy.stats takes ~0.4 s to import
 
@@ -231,9 +254,8 @@ def paired_stats(acc: Sequence[float], acc_baseline: Sequence[float]) -> dict[st
     if n < 2:
         out["note"] = "no seed on both sides" if n == 0 else "one pair: no spread, no test"
         return out
-    std = delta.std(ddof=1)
-    half = stats.t.ppf(0.975, n - 1) * std / math.sqrt(n)
-    out.update(delta_std=std, ci95_low=out["delta_mean"] - half, ci95_high=out["delta_mean"] + half)
+    _, std, low, high = (float(v) for v in paired_interval(delta))
+    out.update(delta_std=std, ci95_low=low, ci95_high=high)
     scale = max(1.0, float(np.abs(delta).max()))
     if np.ptp(delta) <= 1e-12 * scale:
         out["note"] = "all differences equal: tests undefined"

@@ -71,22 +71,71 @@ def for_runs(preset: str | None, dataset: str) -> PublishedTable | None:
     return TABLE3_ARXIV if "arxiv" in str(dataset).lower() else None
 
 
-WITHIN, ABOVE, BELOW, ONE_SEED, NO_RUN = "within", "above", "below", "one seed: no interval", "no ok run"
+# The verdict's words. CONSISTENT is not "reproduced": it says only that these seeds could not tell the two
+# means apart, and `detectable` beside it says how large a difference they could have told.
+CONSISTENT, ABOVE, BELOW = "consistent", "above", "below"
+ONE_SEED, NO_RUN = "one seed: no verdict", "no ok run"
+LEVEL = 0.95  # two-sided: the difference's interval, and the test a verdict of above / below rejects at 5 %
+POWER = 0.80  # `detectable`: the difference these seeds would call above or below 80 % of the time
 
 
-def verdict(ours: Sequence[float], published_mean: float) -> dict[str, Any]:
-    """Our seeds' accuracies (%) against a published mean: n, our mean, the difference ours − paper (pp), our
-    mean's 95 % t-interval, and the verdict — `within` when the published mean lies in the interval, `above` when
-    the whole interval lies above it (we score higher), `below` when under it; one seed gives no interval."""
-    from scipy import stats  # as in fusion_tables.paired_stats: only the report pays for the import
+def welch(mean1, sd1, n1, mean2, sd2, n2, level: float = LEVEL, power: float = POWER) -> dict[str, Any]:
+    """Welch's two-sample comparison of mean1 − mean2 from summary statistics (sample SDs, ddof = 1), element-wise
+    over arrays: the difference, its standard error and Welch–Satterthwaite degrees of freedom, its two-sided
+    t-interval at `level`, the test's p-value (scipy.stats.ttest_ind_from_stats, equal_var=False) and
+    `detectable`, the smallest |difference| the test at 1 − level rejects with probability `power`
+    (`detectable_difference`)."""
+    from scipy import special, stats  # as in fusion_tables.paired_stats: only the report pays for the import
 
+    m1, s1, k1, m2, s2, k2 = (np.asarray(v, dtype=float) for v in (mean1, sd1, n1, mean2, sd2, n2))
+    v1, v2 = s1 ** 2 / k1, s2 ** 2 / k2  # the squared standard errors of the two means
+    se = np.sqrt(v1 + v2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        df = (v1 + v2) ** 2 / (v1 ** 2 / (k1 - 1) + v2 ** 2 / (k2 - 1))  # NaN where both SDs are 0
+        p = stats.ttest_ind_from_stats(m1, s1, k1, m2, s2, k2, equal_var=False).pvalue
+    t_level = special.stdtrit(df, (1 + level) / 2)  # stats.t.ppf without its argument checks
+    diff = m1 - m2
+    return {"diff": diff, "se": se, "df": df, "low": diff - t_level * se, "high": diff + t_level * se,
+            "p_value": p, "detectable": np.vectorize(detectable_difference, otypes=[float])(se, df, level, power)}
+
+
+def detectable_difference(se: float, df: float, level: float = LEVEL, power: float = POWER) -> float:
+    """The difference δ·se at which a two-sided t-test at 1 − level on `df` degrees of freedom rejects with
+    probability `power`: the non-central t's δ with P(T(df, δ) > t_{(1+level)/2}) = power (the opposite tail
+    adds under 1e-6 there). The normal-shift shortcut (t_{(1+level)/2} + t_{power})·se is 5 % too small at 2
+    degrees of freedom. NaN where se or df is not a positive number."""
+    from scipy import optimize, special  # without scipy.stats's argument checks: simulations call this often
+
+    if not (se > 0 and df > 0):
+        return math.nan
+    critical = special.stdtrit(df, (1 + level) / 2)
+    shortcut = critical + special.stdtrit(df, power)  # below the exact δ (the gap grows as df shrinks)
+    # P(T > critical) = 1 − nctdtr(df, δ, critical) = power
+    delta = optimize.brentq(lambda d: power - 1 + special.nctdtr(df, d, critical), critical, 2 * shortcut,
+                            xtol=1e-9)
+    return float(delta * se)
+
+
+def verdict(ours: Sequence[float], published_mean: float, published_sd: float,
+            published_n: int) -> dict[str, Any]:
+    """Our seeds' accuracies (%) against a published cell (its mean, SD over its seeds and their number), as two
+    samples: n, our mean and SD, the difference ours − paper (`delta`, pp) with its 95 % Welch interval
+    (`ci95_low`, `ci95_high`), the test's p-value, `detectable` (pp: the smallest difference these seeds and the
+    paper's would call above or below 80 % of the time) and the verdict — `above` (ABOVE) / `below` (BELOW) where
+    the interval excludes 0 (we score higher / lower than the paper; a two-sided test at 5 %), `consistent` where
+    it holds 0; one seed gives no SD and no verdict."""
     acc = np.asarray(ours, dtype=float)
     n = len(acc)
-    out = {"n": n, "mean": acc.mean() if n else math.nan, "ci95_low": math.nan, "ci95_high": math.nan}
-    out["delta"] = out["mean"] - published_mean
+    mean = acc.mean() if n else math.nan
+    out = {"n": n, "mean": float(mean), "sd": math.nan, "delta": float(mean - published_mean), "ci95_low": math.nan,
+           "ci95_high": math.nan, "p_value": math.nan, "detectable": math.nan}
     if n < 2:
         return out | {"verdict": NO_RUN if n == 0 else ONE_SEED}
-    half = stats.t.ppf(0.975, n - 1) * acc.std(ddof=1) / math.sqrt(n)
-    low, high = out["mean"] - half, out["mean"] + half
-    word = WITHIN if low <= published_mean <= high else ABOVE if low > published_mean else BELOW
-    return out | {"ci95_low": low, "ci95_high": high, "verdict": word}
+    sd = float(acc.std(ddof=1))
+    w = welch(mean, sd, n, published_mean, published_sd, published_n)
+    low, high = float(w["low"]), float(w["high"])
+    if np.isnan(w["df"]):  # no spread on either side: the difference is known exactly
+        low = high = float(w["diff"])
+    word = ABOVE if low > 0 else BELOW if high < 0 else CONSISTENT
+    return out | {"sd": sd, "ci95_low": low, "ci95_high": high, "p_value": float(w["p_value"]),
+                  "detectable": float(w["detectable"]), "verdict": word}

@@ -1,7 +1,7 @@
 """Study B's tables (student attention): the long frame of student runs (one row per run and initialisation),
 per-initialisation summaries, per-seed Δε = ε(positional) − ε(semantic) and their summary with each point called
-semantic, positional or undecided from its seeds (mean vs 2 standard errors), the estimated crossing α_c with every
-sign change and an interval from resampling seeds beside the published one, and the published α_c(ω), α_l(ω)
+semantic, positional or undecided from its seeds (a t-test at 5 %), the estimated crossing α_c with every sign
+change and its 95 % interval (the t-test inverted along α) beside the published one, and the published α_c(ω), α_l(ω)
 curves. With `with_theory` and
 `theory_alpha_c`, the d → ∞ prediction (pefusion.student.theory, cached on disk) stands beside each simulated
 point: ε_g, ε_t (= −Φ), m and θ of the same branch, σ, λ, ω and α, and α_c(ω) beside the estimated crossing.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -144,23 +144,29 @@ DELTA_GROUP = ["source", R.ALPHA, R.OMEGA, R.SIGMA, R.D, LAM_FIXED]
 
 UNDECIDED = "undecided"
 CALL = "call"  # semantic, positional or undecided: the point called from its seeds
-CALL_SE = 2.0  # a point is called only where |mean Δε_t| ≥ CALL_SE standard errors
+CALL_LEVEL = 0.95  # a point is called where the two-sided t-test of mean Δε_t = 0 rejects at 1 − CALL_LEVEL
 
 
-def call_points(mean: np.ndarray, se: np.ndarray) -> np.ndarray:
-    """Each point called from its seeds: 'semantic' where the seed-mean Δε_t > CALL_SE·SE (the semantic solution
-    has the lower training loss), 'positional' where it is < −CALL_SE·SE, 'undecided' otherwise — also where the
-    SE is unknown (one seed): one fit pair cannot tell the global minimum from seed noise near α_c."""
-    mean, se = np.asarray(mean, dtype=float), np.asarray(se, dtype=float)
-    decided = np.abs(mean) >= CALL_SE * se  # False where se is NaN
+def call_points(mean: np.ndarray, se: np.ndarray, n: np.ndarray, level: float = CALL_LEVEL) -> np.ndarray:
+    """Each point called from its n seeds' paired gaps Δε_t (mean and standard error sd/√n): 'semantic' where
+    the mean is above 0 by more than t_{n−1}·SE (the semantic solution has the lower training loss),
+    'positional' where it is below by more, 'undecided' otherwise — the two-sided t-test at 1 − level (5 %:
+    t_3 = 3.18 SE with 4 seeds, t_7 = 2.36 with 8). Always undecided with one seed (no SE): one fit pair cannot
+    tell the global minimum from seed noise near α_c."""
+    from scipy import special  # stats.t.ppf without its argument checks (simulations call this often)
+
+    mean, se, n = (np.asarray(v, dtype=float) for v in (mean, se, n))
+    with np.errstate(invalid="ignore"):
+        critical = np.where(n >= 2, special.stdtrit(np.maximum(n - 1, 1), (1 + level) / 2), np.nan)
+    decided = np.abs(mean) > critical * se  # False where se or the critical value is NaN
     return np.where(decided & (mean > 0), SEMANTIC, np.where(decided & (mean < 0), POSITIONAL, UNDECIDED))
 
 
 def student_delta_summary(deltas: pd.DataFrame) -> pd.DataFrame:
     """Mean, sample std and standard error (std/√n) over seeds of Δε_g and Δε_t per (source, alpha, omega,
     sigma, d, fixed λ); which solution has the lower seed-mean training loss there (lower_train_loss, the sign
-    alone: Δε_t > 0 semantic, < 0 positional) and the point's `call`, that sign where it is at least 2 SE from 0
-    and 'undecided' otherwise (`call_points`)."""
+    alone: Δε_t > 0 semantic, < 0 positional) and the point's `call`, that sign where the t-test over the seeds'
+    gaps rejects 0 at 5 % and 'undecided' otherwise (`call_points`)."""
     columns = [*DELTA_GROUP, "n_pairs", "delta_eps_g_mean", "delta_eps_g_std", "delta_eps_t_mean",
                "delta_eps_t_std", "delta_eps_t_se", "lower_train_loss", CALL]
     if deltas.empty:
@@ -178,7 +184,7 @@ def student_delta_summary(deltas: pd.DataFrame) -> pd.DataFrame:
     out["delta_eps_t_se"] = out["delta_eps_t_std"] / np.sqrt(out["n_pairs"])
     out["lower_train_loss"] = np.select([out.delta_eps_t_mean > 0, out.delta_eps_t_mean < 0],
                                         [SEMANTIC, POSITIONAL], "tie")
-    out[CALL] = call_points(out["delta_eps_t_mean"], out["delta_eps_t_se"])
+    out[CALL] = call_points(out["delta_eps_t_mean"], out["delta_eps_t_se"], out["n_pairs"])
     return out[columns + theory]
 
 
@@ -207,49 +213,90 @@ def alpha_c_of(alpha: np.ndarray, gap: np.ndarray) -> float:
     return next((a for a, kind in sign_changes(alpha, gap) if kind == "-+"), math.nan)
 
 
-BOOTSTRAP_DRAWS = 2000
-BOOTSTRAP_LEVEL = 0.95
+ALPHA_C_LEVEL = 0.95
 
 
-def bootstrap_alpha_c(per_seed: np.ndarray, alpha: np.ndarray, draws: int = BOOTSTRAP_DRAWS,
-                      level: float = BOOTSTRAP_LEVEL, seed: int = 0) -> tuple[float, float, float]:
-    """The interval of α_c from resampling seeds: per_seed (S, A) holds each seed's Δε_t at each α (NaN where a
-    seed has no pair); each draw takes S seeds with replacement, whole rows (one seed's teacher and data serve
-    every α, so the gaps along α are correlated and are resampled together), and finds α_c of its seed-mean
-    curve. Returns (low, high, the fraction of draws with a crossing); the percentile interval at `level` over
-    the draws that cross (NaN where fewer than half do, or with one seed)."""
-    n_seeds = per_seed.shape[0]
-    if n_seeds < 2:
-        return math.nan, math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    counts = np.stack([np.bincount(rng.integers(0, n_seeds, n_seeds), minlength=n_seeds) for _ in range(draws)])
-    have = ~np.isnan(per_seed)  # (S, A)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = (counts @ np.where(have, per_seed, 0.0)) / (counts @ have)  # (draws, A)
-    found = np.array([alpha_c_of(alpha, m) for m in means])
-    crossed = found[~np.isnan(found)]
-    share = len(crossed) / draws
-    if share < 0.5:
-        return math.nan, math.nan, share
-    low, high = np.quantile(crossed, [(1 - level) / 2, (1 + level) / 2])
-    return float(low), float(high), share
+class AlphaCInterval(NamedTuple):
+    low: float  # -inf: the crossing may lie below the grid
+    high: float  # +inf: it may lie above it
+    why: str  # "" for an interval closed on both sides; else why a side is open, or why there is none (NaN)
 
 
-CROSSING_COLUMNS = ["n_alpha", "n_seeds", "alpha_c_estimate", "alpha_c_low", "alpha_c_high", "bootstrap_crossed",
+def _segment_zeros(alpha: np.ndarray, bound: np.ndarray, left: int) -> list[float]:
+    """Where `bound` (one side of the points' intervals) crosses 0 between alpha[left] and alpha[left + 1]: on
+    the line through those two points and on the parabolas through them and a third neighbour (each side that
+    exists). Their spread is the interpolation error between grid points."""
+    lo, hi = alpha[left], alpha[left + 1]
+    zeros = [float(lo + (hi - lo) * (-bound[left]) / (bound[left + 1] - bound[left]))]
+    for first in (left - 1, left):
+        if first < 0 or first + 3 > len(alpha):
+            continue
+        for root in np.roots(np.polyfit(alpha[first:first + 3], bound[first:first + 3], 2)):
+            if abs(root.imag) < 1e-12 and lo <= root.real <= hi:
+                zeros.append(float(root.real))
+    return zeros
+
+
+def alpha_c_interval(per_seed: np.ndarray, alpha: np.ndarray, level: float = ALPHA_C_LEVEL) -> AlphaCInterval:
+    """The interval of α_c, the first − → + crossing of the mean gap Δε_t along α, by inverting each point's
+    t-test: per_seed (S, A) holds each seed's Δε_t at each α of the sorted `alpha` (NaN where a seed has no pair;
+    points with fewer than 2 seeds are left out). At each α the seed mean's two-sided t-interval at `level`
+    (t with n − 1 degrees of freedom) says whether the gap is confidently negative (its upper end < 0), positive
+    (its lower end > 0) or either; α_c lies after the last confidently negative point before the first
+    confidently positive one that follows it, and before that positive one. The ends are where the intervals'
+    upper and lower ends cross 0 between those grid points, on the line through the two points and on the
+    parabolas through a third neighbour, the outermost of these (so interpolation error is inside the interval).
+
+    A side is open (±inf) where no point on it is confidently signed — the crossing may lie beyond the grid —
+    and `why` says so; NaN on both sides only where fewer than two α have two seeds. Calibrated by simulation
+    (tests/test_analysis.py) on the demo's grid with seed noise correlated along α."""
+    from scipy import special  # stats.t.ppf without its argument checks (simulations call this often)
+
+    per_seed, alpha = np.asarray(per_seed, dtype=float), np.asarray(alpha, dtype=float)
+    n = (~np.isnan(per_seed)).sum(0)
+    usable = n >= 2
+    if usable.sum() < 2:
+        return AlphaCInterval(math.nan, math.nan, "fewer than two α with two seeds or more: no interval")
+    values, a, n = per_seed[:, usable], alpha[usable], n[usable]
+    mean = np.nanmean(values, axis=0)
+    half = special.stdtrit(n - 1, (1 + level) / 2) * np.nanstd(values, axis=0, ddof=1) / np.sqrt(n)
+    upper, lower = mean + half, mean - half
+    negative, positive = np.flatnonzero(upper < 0), np.flatnonzero(lower > 0)
+    if len(negative):  # the first confidently positive point after the first confidently negative one
+        positive = positive[positive > negative[0]]
+        if len(positive):
+            negative = negative[negative < positive[0]]
+    why = []
+    if len(negative):
+        last = negative[-1]
+        low = float(a[-1]) if last == len(a) - 1 else min(_segment_zeros(a, upper, last))
+    else:
+        low = -math.inf
+        why.append("open below: the gap is not confidently negative at any α before it")
+    if len(positive):
+        first = positive[0]
+        high = float(a[0]) if first == 0 else max(_segment_zeros(a, lower, first - 1))
+    else:
+        high = math.inf
+        why.append("open above: the gap is not confidently positive at any α after it")
+    return AlphaCInterval(low, high, "; ".join(why))
+
+
+CROSSING_COLUMNS = ["n_alpha", "n_seeds", "alpha_c_estimate", "alpha_c_low", "alpha_c_high", "alpha_c_open",
                     "sign_changes", "n_sign_changes", "n_call_changes", "alpha_c_published"]
 
 
 def crossing_alphas(deltas: pd.DataFrame, alpha_c: Mapping[float, float] | None = None,
-                    theory: pd.DataFrame | None = None, draws: int = BOOTSTRAP_DRAWS) -> pd.DataFrame:
+                    theory: pd.DataFrame | None = None) -> pd.DataFrame:
     """Where the seed-mean Δε_t changes sign along α, per (source, omega, sigma, d, fixed λ), from the per-seed
     pairs of `student_deltas`.
 
     alpha_c_estimate: the first − → + change (positional lower below it), linear between the grid points around
-    it (NaN if none); alpha_c_low/high: its 95 % interval from resampling seeds (`bootstrap_alpha_c`),
-    bootstrap_crossed the share of draws that cross; sign_changes: EVERY change of the seed-mean's sign, as
-    'α(−+)' or 'α(+−)', ';'-joined, and their number; n_call_changes: how often the points' calls
-    (`call_points`) change between semantic and positional along α, undecided points skipped — more than one
-    means the map cannot place a single transition. Beside: the published α_c(ω) and, given `theory`
+    it (NaN if none); alpha_c_low/high: its 95 % interval (`alpha_c_interval`), ±inf on a side where the
+    crossing may lie beyond the grid, with alpha_c_open saying which and why ('' when closed); sign_changes:
+    EVERY change of the seed-mean's sign, as 'α(−+)' or 'α(+−)', ';'-joined, and their number; n_call_changes:
+    how often the points' calls (`call_points`) change between semantic and positional along α, undecided
+    points skipped — more than one means the map cannot place a single transition. Beside: the published α_c(ω) and, given `theory`
     (`theory_alpha_c`), the d → ∞ α_c."""
     keys = [k for k in DELTA_GROUP if k != R.ALPHA]
     rows = []
@@ -260,12 +307,12 @@ def crossing_alphas(deltas: pd.DataFrame, alpha_c: Mapping[float, float] | None 
         mean = per_seed.mean().to_numpy(float)
         se = (per_seed.std(ddof=1) / np.sqrt(per_seed.count())).to_numpy(float)
         changes = sign_changes(a, mean)
-        calls = [c for c in call_points(mean, se) if c != UNDECIDED]
-        low, high, share = bootstrap_alpha_c(values, a, draws)
+        calls = [c for c in call_points(mean, se, per_seed.count().to_numpy(float)) if c != UNDECIDED]
+        low, high, why = alpha_c_interval(values, a)
         omega = dict(zip(keys, group))[R.OMEGA]
         rows.append({**dict(zip(keys, group)), "n_alpha": len(a), "n_seeds": len(per_seed),
                      "alpha_c_estimate": alpha_c_of(a, mean), "alpha_c_low": low, "alpha_c_high": high,
-                     "bootstrap_crossed": share,
+                     "alpha_c_open": why,
                      "sign_changes": ";".join(f"{x:.3f}({kind[0]}{kind[1]})".replace("-", "−") for x, kind in changes),
                      "n_sign_changes": len(changes),
                      "n_call_changes": sum(c1 != c2 for c1, c2 in zip(calls, calls[1:])),

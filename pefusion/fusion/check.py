@@ -3,7 +3,10 @@
 A case is one model size (a preset's model and training protocol), one (PE, fusion) pair, one precision, trained
 separately or as S = 2 stacked seeds: a few optimiser steps on random token ids whose lengths reach the model's
 max_len, then the trial's own evaluation (validation, the best state restored, test, latency), then its values:
-every run ok, every weight and the last validation loss finite. Each size adds one case of S = 5 stacked seeds
+every run ok, every weight and the last validation loss finite, and that loss below the loss before training (the
+validation split is the training split). Each size's wide stack also checks values against references
+(`reference_checks`): a stacked seed against the separate trial of the same seed and data order, and on a card
+the card's fp32 run against the CPU's. Each size adds one case of S = 5 stacked seeds
 and one ALiBi case whose widest batch is ≡ 64 (mod 128) tokens wide with long padding (the shape on which some
 cuDNN builds return NaN gradients). What fails is reported as the error's last line, never raised, so one broken
 case does not hide the others. The training steps run watched for host-device synchronisations (`SyncCount`).
@@ -203,21 +206,33 @@ def check_values(trainer: Trainer) -> None:
                            f"{trainer.history[-1][R.VAL_LOSS] if trainer.history else 'never computed'}")
 
 
+def check_loss_fell(trainer: Trainer, before: float) -> None:
+    """Raise a RuntimeError unless the trial's last validation loss is below `before`, its loss before training:
+    a case's validation split is its training split, so STEPS optimiser steps must lower the loss on it."""
+    after = trainer.history[-1][R.VAL_LOSS]
+    if not after < before:
+        raise RuntimeError(f"seed {trainer.train_cfg.seed}: the loss did not fall over {STEPS} steps on the data it "
+                           f"trained on ({before:.6g} before, {after:.6g} after)")
+
+
 def run_case(case: Case, preset: Preset, corpus: EncodedCorpus, device: torch.device, syncs: SyncCount) -> None:
     """Train and evaluate one case, its training steps watched by `syncs`; raises what it raised, or a
-    RuntimeError naming a run that did not end ok or a non-finite value."""
+    RuntimeError naming a run that did not end ok, a non-finite value or a loss that did not fall. The wide stack
+    of each size also runs `reference_checks`."""
     model = dataclasses.replace(preset.model, pe_type=case.pe_type, fusion=case.fusion)
     train = dataclasses.replace(preset.train, precision=case.precision, device=device.type,
                                 pad_multiple=64 if case.long_padding else preset.train.pad_multiple)
     edges = preset.data.length_edges
     if case.stacked:
         stacked = StackedTrainer(model, train, corpus, list(range(case.seeds)), device)
+        before = {seed: t.evaluate(corpus.validation)["loss"] for seed, t in stacked.trainers.items()}
         stacked.train_steps = syncs.watch(stacked.train_steps)
         while not stacked.finished:
             stacked.train_epoch()
         records, trainers = list(stacked.final_records(edges).values()), list(stacked.trainers.values())
     else:
         trainer = Trainer(model, train, corpus, device)
+        before = {trainer.train_cfg.seed: trainer.evaluate(corpus.validation)["loss"]}
         trainer.train_steps = syncs.watch(trainer.train_steps)
         records, trainers = [train_and_evaluate(model, train, corpus, length_edges=edges, trainer=trainer)], [trainer]
     for record in records:
@@ -225,6 +240,59 @@ def run_case(case: Case, preset: Preset, corpus: EncodedCorpus, device: torch.de
             raise RuntimeError(f"status {record[R.STATUS]}: {record[R.ERROR]}")
     for trainer in trainers:
         check_values(trainer)
+        check_loss_fell(trainer, before[trainer.train_cfg.seed])
+    if case.seeds == WIDE_STACK:
+        reference_checks(case, preset, corpus, device)
+
+
+# The reference comparisons of `reference_checks`, fp32 without dropout (whose draws a stacked seed does not share
+# with its trial, and which a card and a CPU draw differently): the largest relative difference of the training
+# and validation losses allowed (`relative_gap`). Stacked against separate on a CPU differs by float
+# rounding of batched products (tests/test_stacked.py: within 1e-4 over 50 steps); a card against the CPU by its
+# kernels' summation order, a tolerance not yet measured on a card.
+STACKED_TOLERANCE = 1e-4
+CARD_TOLERANCE = 1e-3
+
+
+def _short_run(case: Case, preset: Preset, corpus: EncodedCorpus, device: torch.device,
+               seeds: list[int]) -> Trainer:
+    """The trial of seeds[-1] after one epoch (STEPS steps) at fp32 without dropout: separate for one seed,
+    else one of len(seeds) stacked seeds (synced back into its own model)."""
+    model = dataclasses.replace(preset.model, pe_type=case.pe_type, fusion=case.fusion, dropout=0.0,
+                                attn_dropout=0.0, embed_dropout=0.0, head_dropout=0.0)
+    train = dataclasses.replace(preset.train, precision="fp32", device=device.type, seed=seeds[-1])
+    if len(seeds) == 1:
+        trainer = Trainer(model, train, corpus, device)
+        trainer.train_epoch()
+        return trainer
+    stacked = StackedTrainer(model, train, corpus, seeds, device)
+    stacked.train_epoch()  # syncs the stack back into each seed's model
+    return stacked.trainers[seeds[-1]]
+
+
+def relative_gap(trainer: Trainer, reference: Trainer) -> float:
+    """The larger relative difference, |x − x_ref| / |x_ref|, of two trials' training loss over their epoch and
+    their validation loss after it. Losses, not weights: a key projection's bias gets a gradient that is zero but
+    for rounding, and Adam turns that noise into lr-sized steps that the model's outputs never see."""
+    return max(abs(trainer.history[-1][key] - reference.history[-1][key]) / abs(reference.history[-1][key])
+               for key in (R.TRAIN_LOSS, R.VAL_LOSS))
+
+
+def reference_checks(case: Case, preset: Preset, corpus: EncodedCorpus, device: torch.device) -> None:
+    """Values against a reference, fp32 without dropout: the last of `case.seeds` stacked seeds against the
+    separate trial of the same seed (same initialisation and data order) within STACKED_TOLERANCE; on a card, the
+    card's separate trial against the CPU's within CARD_TOLERANCE. Raises a RuntimeError naming the gap."""
+    seeds = list(range(case.seeds))
+    separate = _short_run(case, preset, corpus, device, seeds[-1:])
+    gap = relative_gap(_short_run(case, preset, corpus, device, seeds), separate)
+    if not gap <= STACKED_TOLERANCE:
+        raise RuntimeError(f"stacked seed {seeds[-1]} differs from its separate trial by {gap:.2g} (relative), "
+                           f"more than {STACKED_TOLERANCE:g}")
+    if device.type == "cuda":
+        gap = relative_gap(separate, _short_run(case, preset, corpus, torch.device("cpu"), seeds[-1:]))
+        if not gap <= CARD_TOLERANCE:
+            raise RuntimeError(f"fp32 on the card differs from the CPU by {gap:.2g} (relative), more than "
+                               f"{CARD_TOLERANCE:g}")
 
 
 def last_line(exc: BaseException) -> str:
