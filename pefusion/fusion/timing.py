@@ -170,6 +170,9 @@ def plan_timer(points: Sequence[dict[str, Any]], shipped: Mapping[str, Any], *, 
             single = _single(point)
             setting = trial_data(single, base).tokenizer_setting
             samples[key] = sample_corpus(corpora[setting], split_trial_config(single, base)[1].batch_size)
-    sizes = {key: (len(c.train), len(c.validation), len(c.test)) for key, c in corpora.items()}
+    # A dataset not downloaded yet is a `DataProfile`'s stand-in corpus: its published split sizes, not the stand-in's.
+    profiles = shipped.get("profiles", {})
+    sizes = {key: profiles[key].sizes if key in profiles else (len(c.train), len(c.validation), len(c.test))
+             for key, c in corpora.items()}
     return functools.partial(time_trials, points=list(points), base=base, samples=samples, sizes=sizes,
                              threads=max(1, int(cpus)))

@@ -128,7 +128,7 @@ def plan_sweep(study: StudySweep, opts: SweepOptions) -> SweepPlan | None:
     data read and the trials timed), and nothing more: no Ray, no MLflow run, no experiment folder."""
     validate(study)
     study, opts = settle_trials(study, opts)
-    return _say_plan(study, opts, study.ship())
+    return _say_plan(study, opts, (study.plan_ship or study.ship)())
 
 
 def _say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) -> SweepPlan | None:
