@@ -215,6 +215,7 @@ def test_a_sweep_joins_a_running_ray_start_head_and_its_dashboard_is_still_up_af
     """docs/operations.md's persistent local cluster: `ray start --head` (here on free ports, in a temp dir of its
     own), a sweep with `--address auto` (RAY_ADDRESS names this head, so `auto` cannot find a user's cluster), and
     the dashboard still serving once the sweep has ended. Stopped by its own handle, never `ray stop`."""
+    import ray  # noqa: F401  (Ray ships psutil and puts it on the path)
     import psutil
 
     temp_dir = Path(tempfile.mkdtemp(prefix="pfdash-"))  # short: Ray's socket paths must fit in 107 bytes
