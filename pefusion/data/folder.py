@@ -57,17 +57,16 @@ def _load(source: HubSource) -> tuple[Any, str]:
     import datasets
 
     where = f"dataset {source.dataset!r}" + (f" (config {source.config!r})" if source.config else "")
-    offline = readers.hub_offline() or (not Path(source.dataset).exists() and not readers.hub_reachable())
+    offline = readers.hub_out_of_reach(source.dataset)
     try:
         with readers.forced_offline() if offline else contextlib.nullcontext():
+            # load_dataset's own steps, kept apart for the revision the builder resolved (the hub's commit)
             builder = datasets.load_dataset_builder(source.dataset, source.config, revision=source.revision)
             builder.download_and_prepare()
             return builder.as_dataset(), str(builder.hash)
-    except Exception as e:  # offline and not cached, unknown name, bad config, gated repo: all one message
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        state = "offline (no internet or HF_HUB_OFFLINE set) and " if offline else ""
-        raise DataError(f"cannot load {where} from the Hugging Face hub: {state}{type(e).__name__}: {reason}; "
-                        f"run this where the hub is reachable, then copy the folder") from e
+    except Exception as e:
+        raise readers.hub_load_error(where, offline, e, "run this where the hub is reachable, then copy the "
+                                                        "folder") from e
 
 
 def fetch(source: HubSource, out: Path, say: Callable[[str], None] = print) -> dict[str, Any]:

@@ -346,6 +346,19 @@ def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
         return False
 
 
+def hub_out_of_reach(dataset: str) -> bool:
+    """Whether loading hub dataset `dataset` must stay offline (read the local Hugging Face cache only): asked by
+    the user, or the hub is out of reach. A local dataset directory needs no hub."""
+    return hub_offline() or (not Path(dataset).exists() and not hub_reachable())
+
+
+def hub_load_error(where: str, offline: bool, error: Exception, hint: str) -> DataError:
+    """The one line for a failed hub load (offline and not cached, unknown name, bad config, gated repo)."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    state = "offline (no internet or HF_HUB_OFFLINE set) and " if offline else ""
+    return DataError(f"cannot load {where} from the Hugging Face hub: {state}{type(error).__name__}: {reason}; {hint}")
+
+
 @contextlib.contextmanager
 def forced_offline():
     """What HF_HUB_OFFLINE=1 does, for one call: read the local Hugging Face cache, never the network.

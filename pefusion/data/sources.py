@@ -152,16 +152,12 @@ class HubDataset(Source):
         import datasets
 
         where = f"dataset {self.dataset!r}" + (f" (config {self.config!r})" if self.config else "")
-        # readers.hub_reachable looked up at call time: tests stand in for a machine without internet there.
-        offline = readers.hub_offline() or (not Path(self.dataset).exists() and not readers.hub_reachable())
+        offline = readers.hub_out_of_reach(self.dataset)
         try:
             with readers.forced_offline() if offline else contextlib.nullcontext():
                 dsd = datasets.load_dataset(self.dataset, self.config)
         except Exception as e:  # offline + not cached, unknown name, bad config, gated repo: all one message
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            state = "offline (no internet or HF_HUB_OFFLINE set) and " if offline else ""
-            raise DataError(f"cannot load {where} from the Hugging Face hub: {state}{type(e).__name__}: "
-                            f"{reason}; {SUPPLY_HINT}") from e
+            raise readers.hub_load_error(where, offline, e, SUPPLY_HINT) from e
 
         names = {}
         for split, aliases in SPLIT_ALIASES.items():
