@@ -434,11 +434,11 @@ def test_student_frame_and_deltas(store):
 def test_table1_and_paired_delta_scripts(store, tmp_path, capsys):
     argv = ["--tracking-uri", store["uri"], "--parent-run", store["parent"], "--out", str(tmp_path)]
     assert load_script("scripts/make_table1.py").main(argv) == 0
-    csv = pd.read_csv(tmp_path / "table1_ccdv-arxiv-classification.csv")
+    csv = pd.read_csv(tmp_path / "summary_ccdv-arxiv-classification.csv")
     assert list(csv.columns[:8]) == ["pe_type", "fusion", "n_seeds", "test_acc_mean_pct", "test_acc_std_pct",
                                      "params_mean", "lat_ms_mean", "lat_ms_std"]
-    assert "59.22 ± 1.07" in (tmp_path / "table1_ccdv-arxiv-classification.md").read_text()
-    assert (tmp_path / "table1_ccdv-arxiv-classification.tex").exists()
+    assert "59.22 ± 1.07" in (tmp_path / "summary_ccdv-arxiv-classification.md").read_text()
+    assert (tmp_path / "summary_ccdv-arxiv-classification.tex").exists()
     assert load_script("scripts/paired_deltas.py").main(argv) == 0
     deltas = pd.read_csv(tmp_path / "paired_deltas_ccdv-arxiv-classification.csv")
     assert list(deltas.columns[:11]) == ["pe_type", "fusion", "baseline", "n_pairs", "delta_mean_pp",
@@ -485,7 +485,7 @@ def test_report_pefusion_sweep_logged_to_parent(store, trials, tmp_path):
         _assert_png(tmp_path / "figures" / f"{stem}_ccdv-arxiv-classification.png")
     client = MlflowClient(tracking_uri=store["uri"])
     logged = {a.path for a in client.list_artifacts(store["parent"], "results")}
-    assert f"results/{page.name}" in logged and "results/table1_ccdv-arxiv-classification.csv" in logged
+    assert f"results/{page.name}" in logged and "results/summary_ccdv-arxiv-classification.csv" in logged
     figures = {a.path for a in client.list_artifacts(store["parent"], "results/figures")}
     assert "results/figures/accuracy_per_fusion_ccdv-arxiv-classification.pdf" in figures
 
@@ -547,7 +547,7 @@ def test_analysis_csvs_read_back_rounded_with_units(trials, tmp_path):
                 assert all(len(c.partition(".")[2]) <= 2 for c in cells), (path.name, name, cells)
             if name.startswith("n_") and name != "n_docs_mean":
                 assert all("." not in r[name] for r in rows), (path.name, name)
-    table = pd.read_csv(tmp_path / "table1_ccdv-arxiv-classification.csv").set_index(["pe_type", "fusion"])
+    table = pd.read_csv(tmp_path / "summary_ccdv-arxiv-classification.csv").set_index(["pe_type", "fusion"])
     acc = [accuracy("learned", "gate_scalar", s) * 100 for s in SEEDS]
     assert table.loc[("learned", "gate_scalar"), "test_acc_mean_pct"] == round(float(np.mean(acc)), 2)
     assert table.loc[("learned", "gate_scalar"), "test_acc_std_pct"] == round(float(np.std(acc, ddof=1)), 2)

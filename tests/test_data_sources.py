@@ -164,13 +164,17 @@ def test_a_hub_dataset_without_validation_gets_each_seeds_own_split_and_vocabula
     assert "split_seed" not in fixed.source.identity() and "/split" not in fixed.tokenizer_setting
 
 
-def test_a_folder_without_validation_file_is_split_per_seed_only_when_asked(tmp_path):
+def test_a_folder_without_validation_file_holds_out_as_the_hub_does_or_per_seed_when_asked(tmp_path):
+    import datasets
+
     folder = tmp_path / "agnews"
     folder.mkdir()
     for split, rows in (("train", TRAIN_DOCS), ("test", DOCS["test"])):
         (folder / f"{split}.jsonl").write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows))
-    with pytest.raises(ConfigError, match="no validation file"):
-        load_corpus(DataConfig(data_dir=str(folder), cache_dir=str(tmp_path / "c")))
+    # Without a per-seed split: datasets' own train_test_split(test_size=0.1, seed=0) of the training file.
+    raw, _ = DataConfig(data_dir=str(folder), cache_dir=str(tmp_path / "c")).source.read()
+    want = datasets.Dataset.from_dict({"text": [t for t, _ in TRAIN_DOCS]}).train_test_split(test_size=0.1, seed=0)
+    assert (raw["train"].texts, raw["validation"].texts) == (want["train"]["text"], want["test"]["text"])
     cfg = DataConfig(data_dir=str(folder), cache_dir=str(tmp_path / "c"), split_per_seed=True, split_seed=3)
     raw, _ = cfg.source.read()
     assert (raw["train"].texts, raw["validation"].texts) == notebook_split(3)

@@ -107,7 +107,8 @@ PUBLISHED_COLUMNS = ("published_mean", "published_std", "delta_vs_paper", "delta
 
 def table1(runs: pd.DataFrame) -> pd.DataFrame:
     """Table 1 for the PE-fusion runs of one dataset: one row per (pe_type, fusion), columns TABLE1_COLUMNS
-    (see TABLE1_DOC; accuracies in %), plus published_mean/published_std for the ArXiv dataset."""
+    (see TABLE1_DOC; accuracies in %), plus the paper's published_mean/published_std where its runs' preset has a
+    published table (`published.for_runs`: ArXiv-11's Table 3, AG News' and IMDB's Table 1)."""
     runs = pefusion_runs(runs)
     if runs.empty:
         raise AnalysisError("no PE-fusion trial runs (runs need params dataset, pe_type, fusion, seed)")

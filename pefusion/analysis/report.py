@@ -71,17 +71,19 @@ def _per_dataset(trials: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 
 def write_table1(trials: pd.DataFrame, out: str | Path) -> list[Path]:
-    """table1_<dataset>.csv (accuracies in %, `_pct` headers), .md and .tex for each dataset of the PE-fusion runs."""
+    """summary_<dataset>.csv (accuracies in %, `_pct` headers), .md and .tex for each dataset of the PE-fusion runs:
+    the summary table, named for what it is rather than for a paper table (it reproduces Table 3 for ArXiv-11,
+    Table 1 for AG News and IMDB)."""
     out, paths = Path(out), []
     for dataset, runs in _per_dataset(trials):
         slug, table = FM.dataset_slug(dataset), FT.table1(runs)
-        paths.append(FM.write_csv(table, out / f"table1_{slug}.csv"))
+        paths.append(FM.write_csv(table, out / f"summary_{slug}.csv"))
         display = FT.table1_display(table, digits=2)  # the paper's Table 3 prints 2 decimals
-        (out / f"table1_{slug}.md").write_text(f"Test accuracy (%), mean ± sample std over seeds — {dataset}\n\n"
-                                                + FM.to_markdown(display))
-        (out / f"table1_{slug}.tex").write_text(FM.to_latex(
+        (out / f"summary_{slug}.md").write_text(f"Test accuracy (%), mean ± sample std over seeds — {dataset}\n\n"
+                                                 + FM.to_markdown(display))
+        (out / f"summary_{slug}.tex").write_text(FM.to_latex(
             display, f"Test accuracy (%) mean ± std over seeds, parameters and latency (ms/sample), {dataset}"))
-        paths += [out / f"table1_{slug}.md", out / f"table1_{slug}.tex"]
+        paths += [out / f"summary_{slug}.md", out / f"summary_{slug}.tex"]
     return paths
 
 

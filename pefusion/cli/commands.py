@@ -24,7 +24,7 @@ Installed as `pefusion-grid`, the same command as `python sweeps/arxiv_grid.py`.
 
     python sweeps/arxiv_grid.py --preset demo          # the bundled synthetic corpus: a few minutes on 2 cores
     python sweeps/arxiv_grid.py                         # the paper's ArXiv-11 grid (Hugging Face hub)
-    python sweeps/arxiv_grid.py --data-dir data/        # the paper's data/{train,validation,test}_clean.jsonl
+    python sweeps/arxiv_grid.py --data-dir data/arxiv   # a folder: `pefusion-data fetch arxiv --out data/arxiv`
 
 No ASHA here: paired-seed comparisons need complete runs; each trial stops early on validation accuracy exactly
 as the paper did (patience 4, min_delta 1e-4) and is tested at its best checkpoint.
@@ -149,8 +149,10 @@ def report_main(argv: Sequence[str] | None = None) -> int:
 
 
 TABLE1 = """The summary table from the MLflow runs (what the report calls Table 1): test accuracy (%, mean ± sample
-std over seeds), parameters and latency per (PE, fusion), one table per dataset, written as table1_<dataset>.csv,
-.md and .tex; for the ArXiv dataset the paper's Table 3 values stand beside ours. Installed as `pefusion-table1`.
+std over seeds), parameters and latency per (PE, fusion), one table per dataset, written as summary_<dataset>.csv,
+.md and .tex (named for the summary table, whichever paper table it reproduces); the paper's numbers
+stand beside ours for its three datasets: Table 3 for ArXiv-11 (`--preset arxiv`), Table 1 for AG News and IMDB
+(`--preset agnews`, `--preset imdb`). Installed as `pefusion-table1`.
 
     python scripts/make_table1.py                      # every finished trial run of experiment pe-fusion
     python scripts/make_table1.py --parent-run 1a2b3c4d --out results/
@@ -245,6 +247,12 @@ def student_theory_main(argv: Sequence[str] | None = None) -> int:
     return main(argv)
 
 
+def data_main(argv: Sequence[str] | None = None) -> int:
+    from pefusion.cli.data import main
+
+    return main(argv)
+
+
 def export_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="the trial run's id")
@@ -316,9 +324,14 @@ def student_theory() -> None:
     run_main(student_theory_main)
 
 
+def data() -> None:
+    run_main(data_main)
+
+
 # Each installed command's function (pyproject's [project.scripts] target) -> the main it runs, which its script runs
 # too (tests/test_cli_docs.py holds docs/cli.md's table to this).
 MAINS = {"grid": grid_main, "search": search_main, "lambda_cv": lambda_cv_main, "phase_diagram": phase_diagram_main,
          "report": report_main, "export": export_main, "table1": table1_main, "deltas": deltas_main,
          "figures": figures_main, "gpu_check": gpu_check_main, "student_fit": student_fit_main,
-         "reproduce_student": reproduce_student_main, "student_theory": student_theory_main}
+         "reproduce_student": reproduce_student_main, "student_theory": student_theory_main,
+         "data": data_main}

@@ -108,7 +108,10 @@ def _preset_search_spaces(name: str) -> dict[str, Path]:
     return {p.stem[len(stem) + 1:]: p for p in sorted(SEARCH_SPACES.glob(f"{stem}_*.yaml"))}
 
 
-def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_space: str) -> None:
+def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_space: str,
+                    epochs: bool = True) -> None:
+    """The flags every sweep shares. `epochs=False`: a study whose trials train on the CPU and report once, with no
+    epochs (the student's): its --help says that a GPU is not used and a restarted trial fits its point again."""
     g = parser.add_argument_group("sweep")
     variants = "".join(f"; with --preset {preset}, {path.name}"
                        for preset, path in _preset_search_spaces(search_space).items())
@@ -123,13 +126,17 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, experiment: str, search_
                    help="GPUs per trial; a fraction shares a GPU (0.25: four trials per GPU, memory permitting); "
                         "auto (the default): measure the largest trial's peak memory on this machine's GPU and "
                         "pack as many per GPU as fit, with a margin; none where no GPU is visible (and, left out, "
-                        "for a driver without a GPU that joins a cluster: give G there)")
+                        "for a driver without a GPU that joins a cluster: give G there)" if epochs else
+                        "GPUs reserved per trial (default: 0): these trials fit on the CPU and use no GPU, so "
+                        "leave it out")
     g.add_argument("--num-cpus", type=int, help="CPUs a local cluster declares (default: all)")
     g.add_argument("--num-gpus", type=float, help="GPUs a local cluster declares (default: detected)")
     g.add_argument("--max-concurrent", type=int, default=0, help="trials at once (default: resources decide)")
     g.add_argument("--max-failures", type=int, default=2,
-                   help="restarts of a trial whose process or node is lost, from its last epoch checkpoint "
-                        "(default: 2); an exception in the trial's own code is recorded once, never retried")
+                   help=("restarts of a trial whose process or node is lost, from its last epoch checkpoint "
+                         if epochs else "restarts of a trial whose process or node is lost, which fits its point "
+                                        "again from the start (a trial reports once, at its end) ")
+                        + "(default: 2); an exception in the trial's own code is recorded once, never retried")
     g.add_argument("--autoscaling", action="store_true",
                    help="the cluster adds nodes on demand: do not refuse a per-trial request no node holds yet")
     g.add_argument("--storage-path", default="ray_results",

@@ -33,8 +33,9 @@ def resolve_preset(args: argparse.Namespace) -> Preset:
         data_over["synthetic_task"] = args.synthetic_task
     if args.data_dir:
         if not Path(args.data_dir).is_dir():
-            raise ConfigError(f"--data-dir {args.data_dir} is not a directory; it must hold train, validation and "
-                              f"test files (JSONL, CSV or Parquet)")
+            raise ConfigError(f"--data-dir {args.data_dir} is not a directory; it must hold train and test files "
+                              f"(JSONL, CSV or Parquet), and a validation file or 10 % of train is held out "
+                              f"(`pefusion-data fetch` makes one)")
         data_over.update(data_dir=args.data_dir, synthetic=False)
     if args.dataset:
         data_over.update(dataset=args.dataset, dataset_config=args.dataset_config, data_dir=None, synthetic=False)

@@ -37,13 +37,15 @@ def add_student_flags(parser: argparse.ArgumentParser, sweep: str) -> None:
                     describe=lambda preset: preset.description + (f"; {cv_protocol(preset)}" if sweep == "lambda_cv"
                                                                   else ""))
     for flag, kind, what, example in NARROWING:
+        if sweep == "phase_diagram" and flag == "--inits":  # its trials fit both initialisations at every point
+            continue
         parser.add_argument(flag, type=csv_list(kind), help=f"narrow the {what} grid, e.g. {flag} {example}")
     parser.add_argument("--d", type=int, help="embedding dimension (default: the preset's)")
     parser.add_argument("--iters", type=int, help="optimiser iterations (default: the preset's)")
     if sweep == "lambda_cv":  # the phase diagram optimises nothing: a grid of points, both inits at each
         add_search_flags(parser, searches=("grid", "random", "optuna", "cmaes"), default_search="grid",
                          default_samples=12)
-    add_sweep_flags(parser, experiment=R.STUDENT_EXPERIMENT, search_space=f"{sweep}.yaml")
+    add_sweep_flags(parser, experiment=R.STUDENT_EXPERIMENT, search_space=f"{sweep}.yaml", epochs=False)
 
 
 def cv_protocol(preset: StudentPreset) -> str:
@@ -62,7 +64,7 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, opts: SweepOptions) 
     preset = dataclasses.replace(preset, point={**preset.point, **overrides})
     space = load_search_space(opts.search_space, RULES)
     for (flag, *_), key in zip(NARROWING, (R.ALPHA, R.OMEGA, R.SEED, R.INIT)):
-        values = getattr(args, flag.lstrip("-"))
+        values = getattr(args, flag.lstrip("-"), None)
         if values:
             space = space.override_values(key, values, flag)
     if args.smoke:  # the smoke budget wins over the space file's CV settings too
@@ -70,7 +72,8 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, opts: SweepOptions) 
             if key in space:
                 space = space.override(key, Constant(preset.cv[key]))
     if sweep == "phase_diagram" and R.INIT in space:
-        raise ConfigError("init: a phase-diagram trial fits both initialisations; remove 'init' from the space")
+        raise ConfigError(f"{space.source}: init: a phase-diagram trial fits both initialisations at every "
+                          f"point, so its search space has no 'init' key; remove it")
     if getattr(args, "search", "grid") != "grid":
         return run_lambda_search(args, opts, preset, space)
     if sweep == "lambda_cv":  # grid CV inside each trial; the points are a grid, run once each

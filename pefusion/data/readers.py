@@ -50,15 +50,18 @@ MAGIC_BYTES = {
     "zstd": rb"\x28\xb5\x2f\xfd", "zip": rb"PK(\x03\x04|\x05\x06)",
     "UTF-32": rb"\xff\xfe\x00\x00|\x00\x00\xfe\xff", "UTF-16": rb"\xff\xfe|\xfe\xff",  # UTF-32 first: same start
 }
-# A hub dataset without a validation split (ag_news, imdb) gets this fraction of train, drawn with a fixed seed.
+# A hub dataset without a validation split (ag_news, imdb), or a local folder without a validation file, gets this
+# fraction of train, drawn with a fixed seed (`held_out_rows`).
 HUB_VALIDATION_FRACTION = 0.1
+HUB_VALIDATION_SEED = 0
 # Integer labels are class ids (`map_labels`): an id at or past this is refused rather than made a class list.
 MAX_CLASSES = 100_000
 HUB_PROBE_TIMEOUT_S = 3.0
 
 SUPPLY_HINT = (
     "supply data in one of three ways: --data-dir DIR with train/validation/test JSONL, CSV or Parquet files "
-    "(text and label columns), the hub dataset name with internet access or a warm Hugging Face cache, "
+    "(text and label columns; `pefusion-data fetch imdb|agnews|arxiv --out DIR` writes one where the hub is "
+    "reachable), the hub dataset name with internet access or a warm Hugging Face cache, "
     "or --preset demo (the bundled synthetic corpus)"
 )
 
@@ -103,6 +106,20 @@ def hold_out(train: RawSplit, seed: int, fraction: float = HUB_VALIDATION_FRACTI
     origin = f"{train.origin} (seed {seed}'s {100 * fraction:.0f} % held out)"
     return (RawSplit([train.texts[i] for i in keep], [train.labels[i] for i in keep], origin, train.dropped_empty),
             RawSplit([train.texts[i] for i in val], [train.labels[i] for i in val], origin))
+
+
+def held_out_rows(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, validation rows) of a training split of `n` documents that has no validation split beside it:
+    what `datasets`' train_test_split(test_size=HUB_VALIDATION_FRACTION, seed=HUB_VALIDATION_SEED, shuffle=True)
+    keeps, in its order. The one draw of both the hub path and a local folder without a validation file, so that
+    `pefusion-data fetch` then `--data-dir` trains on exactly the documents the hub path does. Computed by
+    `datasets` itself on a table of row numbers, not re-derived: its rounding (ceil for the held-out part) and
+    its order are whatever that library does."""
+    import datasets
+
+    rows = datasets.Dataset.from_dict({"row": np.arange(n, dtype=np.int64)})
+    held = rows.train_test_split(test_size=HUB_VALIDATION_FRACTION, seed=HUB_VALIDATION_SEED, shuffle=True)
+    return np.asarray(held["train"]["row"], dtype=np.int64), np.asarray(held["test"]["row"], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -329,6 +346,19 @@ def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
             return True
     except OSError:
         return False
+
+
+def hub_out_of_reach(dataset: str) -> bool:
+    """Whether loading hub dataset `dataset` must stay offline (read the local Hugging Face cache only): asked by
+    the user, or the hub is out of reach. A local dataset directory needs no hub."""
+    return hub_offline() or (not Path(dataset).exists() and not hub_reachable())
+
+
+def hub_load_error(where: str, offline: bool, error: Exception, hint: str) -> DataError:
+    """The one line for a failed hub load (offline and not cached, unknown name, bad config, gated repo)."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    state = "offline (no internet or HF_HUB_OFFLINE set) and " if offline else ""
+    return DataError(f"cannot load {where} from the Hugging Face hub: {state}{type(error).__name__}: {reason}; {hint}")
 
 
 @contextlib.contextmanager

@@ -20,8 +20,9 @@ from typing import Any
 
 from pefusion.data import readers
 from pefusion.data import synthetic as synthetic_corpus
-from pefusion.data.readers import (HUB_VALIDATION_FRACTION, SPLIT_ALIASES, SUPPLY_HINT, DataError, RawSplit,
-                                   clean_split, find_split_files, hold_out, read_data_file)
+from pefusion.data.readers import (HUB_VALIDATION_FRACTION, HUB_VALIDATION_SEED, SPLIT_ALIASES, SUPPLY_HINT,
+                                   DataError, RawSplit, clean_split, find_split_files, held_out_rows, hold_out,
+                                   read_data_file)
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,10 @@ class SyntheticCorpus(Source):
 
 @dataclass(frozen=True)
 class LocalFolder(Source):
-    """A directory of train/validation/test JSONL, CSV or Parquet files (`readers.find_split_files`). With
-    `split_seed`, a folder without a validation file gets `readers.hold_out` of its training file for that seed."""
+    """A directory of train/validation/test JSONL, CSV or Parquet files (`readers.find_split_files`). A folder
+    without a validation file gets HUB_VALIDATION_FRACTION of its training file held out exactly as `HubDataset`
+    does for a hub dataset without a validation split: `readers.held_out_rows` (seed 0), or with `split_seed`
+    `readers.hold_out` for that seed (what `pefusion-data fetch` writes for IMDB and AG News, which have none)."""
 
     data_dir: str
     text_column: str
@@ -80,21 +83,32 @@ class LocalFolder(Source):
     split_seed: int | None = None
 
     def _files(self) -> dict[str, list[Path]]:
-        return find_split_files(Path(self.data_dir), optional=("validation",) if self.split_seed is not None else ())
+        return find_split_files(Path(self.data_dir), optional=("validation",))
 
     @property
     def name(self) -> str:
         return self.data_dir.rstrip("/").split("/")[-1] or self.data_dir
 
     def read(self) -> Read:
-        raw = {}
+        read = {}
         for split, paths in self._files().items():
             texts, labels = [], []
             for path in paths:
                 t, y = read_data_file(path, self.text_column, self.label_column)
                 texts += t
                 labels += y
-            raw[split] = clean_split(texts, labels, ", ".join(map(str, paths)))
+            read[split] = (texts, labels, ", ".join(map(str, paths)))
+        if "validation" not in read and self.split_seed is None:
+            # Before dropping empty texts, as the hub path draws from the dataset's rows.
+            texts, labels, origin = read["train"]
+            keep, held = held_out_rows(len(texts))
+            origin = (f"{origin} ({100 * HUB_VALIDATION_FRACTION:.0f} % held out with seed {HUB_VALIDATION_SEED}, "
+                      f"as from the hub)")
+            for split, rows in (("train", keep), ("validation", held)):
+                read[split] = ([texts[i] for i in rows], [labels[i] for i in rows], origin)
+            log.info("%s has no validation file: holding out %.0f%% of train with seed %d, as the hub path does",
+                     self.data_dir, 100 * HUB_VALIDATION_FRACTION, HUB_VALIDATION_SEED)
+        raw = {split: clean_split(*r) for split, r in read.items()}
         if "validation" not in raw:
             raw["train"], raw["validation"] = hold_out(raw["train"], self.split_seed)
         return raw, None
@@ -106,6 +120,7 @@ class LocalFolder(Source):
             for p in paths:
                 st = p.stat()
                 stamp.append([split, str(p.resolve()), st.st_size, st.st_mtime_ns])
+        # held_out [None, fraction]: `held_out_rows`' one draw; [seed, fraction]: `hold_out`'s draw for that seed.
         drawn = {} if "validation" in files else {"held_out": [self.split_seed, HUB_VALIDATION_FRACTION]}
         return {"kind": "local", "files": stamp, "columns": [self.text_column, self.label_column], **drawn}
 
@@ -137,16 +152,12 @@ class HubDataset(Source):
         import datasets
 
         where = f"dataset {self.dataset!r}" + (f" (config {self.config!r})" if self.config else "")
-        # readers.hub_reachable looked up at call time: tests stand in for a machine without internet there.
-        offline = readers.hub_offline() or (not Path(self.dataset).exists() and not readers.hub_reachable())
+        offline = readers.hub_out_of_reach(self.dataset)
         try:
             with readers.forced_offline() if offline else contextlib.nullcontext():
                 dsd = datasets.load_dataset(self.dataset, self.config)
         except Exception as e:  # offline + not cached, unknown name, bad config, gated repo: all one message
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            state = "offline (no internet or HF_HUB_OFFLINE set) and " if offline else ""
-            raise DataError(f"cannot load {where} from the Hugging Face hub: {state}{type(e).__name__}: "
-                            f"{reason}; {SUPPLY_HINT}") from e
+            raise readers.hub_load_error(where, offline, e, SUPPLY_HINT) from e
 
         names = {}
         for split, aliases in SPLIT_ALIASES.items():
@@ -157,10 +168,10 @@ class HubDataset(Source):
         parts = {split: dsd[name] for split, name in names.items() if name is not None}
         if names["validation"] is None and self.split_seed is None:
             # Fixed seed: every trial and every later run sees the same held-out documents.
-            held = parts["train"].train_test_split(test_size=HUB_VALIDATION_FRACTION, seed=0, shuffle=True)
-            parts["train"], parts["validation"] = held["train"], held["test"]
-            log.info("%s has no validation split: holding out %.0f%% of train with seed 0", where,
-                     100 * HUB_VALIDATION_FRACTION)
+            keep, held = held_out_rows(len(parts["train"]))
+            parts["train"], parts["validation"] = parts["train"].select(keep), parts["train"].select(held)
+            log.info("%s has no validation split: holding out %.0f%% of train with seed %d", where,
+                     100 * HUB_VALIDATION_FRACTION, HUB_VALIDATION_SEED)
 
         raw = {}
         for split, part in parts.items():

@@ -24,6 +24,8 @@ from pefusion.data.cache import cache_root, tokenizer_files
 from pefusion.data.config import SPLIT_PER_SEED, TOKENIZER_KEYS, DataConfig
 from pefusion.data.corpus import load_corpus
 from pefusion.data.encoded import EncodedCorpus
+from pefusion.data.profile import assumed_profile
+from pefusion.data.readers import DataError
 from pefusion.fusion.config import Preset, flat_config, trial_data
 from pefusion.sweep.console import counted
 from pefusion.sweep.search import EARLY_STOPPING, Objective, SearchPlan, build, check
@@ -53,13 +55,39 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         return {"corpora": {key: given.get(key) or load_corpus(cfg) for key, cfg in settings.items()},
                 "base": preset, "cpus": cpus, "length_edges": preset.data.length_edges}
 
+    def plan_ship() -> dict[str, Any]:
+        """`ship`, or where the data is a paper dataset not downloaded yet, its published profile's stand-in
+        (`pefusion.data.profile`): the plan is then assumed, and says so."""
+        try:
+            return ship()
+        except DataError as missing:
+            profiles = {key: None if cfg.data_dir or cfg.synthetic else assumed_profile(cfg.dataset)
+                        for key, cfg in settings.items()}
+            if corpus is not None or None in profiles.values():
+                raise
+            reason = str(missing).split(";")[0]
+            return {"corpora": {key: p.stand_in(settings[key].max_len, settings[key].max_vocab)
+                                for key, p in profiles.items()},
+                    "profiles": profiles, "missing": reason, "base": preset, "cpus": cpus,
+                    "length_edges": preset.data.length_edges}
+
     def line(shipped: dict[str, Any]) -> str:
         corpora = shipped["corpora"]
         c = next(iter(corpora.values()))
+        if describe and shipped.get("profiles"):
+            p = next(iter(shipped["profiles"].values()))
+            return (f"{counted(n_trials, 'trial')} on {p.name}, ASSUMED: no data here yet ({shipped['missing']}); "
+                    f"{p.sizes[0]} train / {p.sizes[1]} validation / {p.sizes[2]} test documents and their lengths "
+                    f"assumed: {p.assumed}; vocabulary assumed {c.vocab_size} (the preset's cap). Exact once the data "
+                    f"is here: pefusion-data fetch, then --data-dir")
         vocab = (f"vocabulary {c.vocab_size}" if len(corpora) == 1 else "vocabularies "
                  + ", ".join(f"{v.vocab_size} ({key})" for key, v in corpora.items()))
+        held = c.meta.get("source", {}).get("held_out")  # a folder without a validation file
+        drawn = "" if not held else (f" (validation: {100 * held[1]:.0f} % of train held out, "
+                                     + ("with seed 0, as the hub path does" if held[0] is None else "per seed")
+                                     + ": the folder has no validation file)")
         return (f"{counted(n_trials, 'trial')} on {c.name}: {len(c.train)} train / {len(c.validation)} validation / "
-                f"{len(c.test)} test documents, {vocab}") if describe else ""
+                f"{len(c.test)} test documents{drawn}, {vocab}") if describe else ""
 
     def tokenizers(shipped: dict[str, Any]) -> dict[str, list[Path]]:
         return {f"{R.ARTIFACT_TOKENIZER_DIR}/{key}": tokenizer_files(cache_root(settings[key]) / c.cache_key)
@@ -84,7 +112,7 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         gpu_probe=functools.partial(largest_trial_peak, base=preset),
         resolved_keys=(R.DEVICE, R.PRECISION, R.PAD_MULTIPLE),
         stackable=None if search.get("metric") else R.SEED,  # a search judges each trial by one metric
-        parent_files=tokenizers, timer=functools.partial(plan_timer, base=preset, cpus=cpus),
+        parent_files=tokenizers, timer=functools.partial(plan_timer, base=preset, cpus=cpus), plan_ship=plan_ship,
         **search)
 
 

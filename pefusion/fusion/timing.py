@@ -30,6 +30,7 @@ import torch
 from pefusion import record as R
 from pefusion.data.batching import batch_order, batch_widths
 from pefusion.data.encoded import EncodedCorpus, EncodedSplit
+from pefusion.data.profile import DataProfile
 from pefusion.fusion.config import Preset, flat_config, split_trial_config, trial_data
 from pefusion.fusion.device import bf16_supported, device_name, resolve_precision
 from pefusion.fusion.probe import SHAPELESS_KEYS, in_words
@@ -209,6 +210,13 @@ def _sample_key(point: dict[str, Any], base: Preset) -> str:
     return f"{trial_data(single, base).tokenizer_setting}@{split_trial_config(single, base)[1].batch_size}"
 
 
+def _profile_lengths(profile: DataProfile, max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train, validation, test) document lengths in tokens, truncated at `max_len`, drawn from `profile` at its
+    published split sizes with a fixed seed (the plan of the same sweep is the same every time)."""
+    rng = np.random.default_rng(0)
+    return tuple(np.minimum(profile.lengths(n, rng), max_len) for n in profile.sizes)
+
+
 def plan_timer(points: Sequence[dict[str, Any]], shipped: Mapping[str, Any], *, base: Preset, cpus: float):
     """What the engine runs to time the sweep (`StudySweep.timer`): `time_trials` with the samples of the shipped
     corpora it needs, small enough to send to a fresh process."""
@@ -220,6 +228,10 @@ def plan_timer(points: Sequence[dict[str, Any]], shipped: Mapping[str, Any], *, 
             single = _single(point)
             setting = trial_data(single, base).tokenizer_setting
             samples[key] = sample_corpus(corpora[setting], split_trial_config(single, base)[1].batch_size)
-    lengths = {key: (c.train.lengths, c.validation.lengths, c.test.lengths) for key, c in corpora.items()}
+    # A dataset not downloaded yet is a `DataProfile`'s stand-in corpus: its published split sizes and length profile,
+    # not the stand-in's few documents.
+    profiles = shipped.get("profiles", {})
+    lengths = {key: _profile_lengths(profiles[key], c.max_len) if key in profiles
+               else (c.train.lengths, c.validation.lengths, c.test.lengths) for key, c in corpora.items()}
     return functools.partial(time_trials, points=list(points), base=base, samples=samples, lengths=lengths,
                              threads=max(1, int(cpus)))

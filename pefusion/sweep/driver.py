@@ -134,7 +134,7 @@ def plan_sweep(study: StudySweep, opts: SweepOptions) -> SweepPlan | None:
     path = settle(study, opts).path if opts.resume else None  # (a resumed sweep's folder, checked)
     validate(study)
     study, opts = settle_trials(study, opts)
-    return _say_plan(study, opts, study.ship(), start, path)
+    return _say_plan(study, opts, (study.plan_ship or study.ship)(), start, path)
 
 
 def _say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any], start: float,

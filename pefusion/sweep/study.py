@@ -79,6 +79,9 @@ class StudySweep:
     # "cuda") and returns their seconds (a `Timing`). It must pickle (the engine runs it in a fresh process on a
     # GPU), so it carries samples of the data, not the data.
     timer: Callable[[Sequence[dict[str, Any]], Mapping[str, Any]], Callable[[str], Timing]] | None = None
+    # What `--plan` times on, where it differs from `ship`: a study whose data is not downloaded yet may stand in a
+    # profile of it (the fusion study: a paper dataset's published sizes and lengths), which the plan says.
+    plan_ship: Callable[[], Mapping[str, Any]] | None = None
 
 
 def varying_keys(space: SearchSpace) -> list[str]:
