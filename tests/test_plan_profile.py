@@ -34,7 +34,10 @@ def test_the_plans_epochs_count_the_published_sizes_not_the_stand_ins():
     study = pefusion_study("arxiv_grid", "imdb", PRESETS["imdb"], space, 1.0, describe=True)
     shipped = study.plan_ship()
     timer = study.timer(space.trial_points(), shipped)
-    assert set(timer.keywords["sizes"].values()) == {(22_500, 2_500, 25_000)}
+    assert {tuple(len(x) for x in split) for split in timer.keywords["lengths"].values()} == {(22_500, 2_500, 25_000)}
+    # the documents' lengths follow the profile, truncated at the preset's max_len: IMDB's median review, 174 words
+    train = next(iter(timer.keywords["lengths"].values()))[0]
+    assert train.max() == 512 and 160 < np.median(train) < 190
     stand_in = next(iter(shipped["corpora"].values()))
     assert len(stand_in.train) < 1000 and stand_in.max_len == 512
 
