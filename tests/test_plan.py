@@ -206,17 +206,22 @@ def test_rays_figures_are_measured_once_a_day_and_kept(tmp_path, monkeypatch):
 
     runs = []
 
-    def tiny_sweep(fn, slots, env):
+    def tiny_sweep(fn, slots, env, module):
         runs.append((slots, env))
+        assert module == "pefusion.fusion.trainable"
         return EC.EngineCost(1.0, 2.0, 0.1, 0.01, 0.5, measured_at=time.time())
 
     monkeypatch.setattr(gpus, "in_fresh_process", tiny_sweep)
-    first = EC.engine_cost(2, {"A": "1"}, cache=tmp_path)
+    module = "pefusion.fusion.trainable"
+    assert EC.engine_cost(2, {"A": "1"}, module, cache=tmp_path, measure_now=False) is None  # a sweep never measures
+    assert runs == []
+    first = EC.engine_cost(2, {"A": "1"}, module, cache=tmp_path)
     assert runs == [(2, {"A": "1"})] and first.ray_start_s == 1.0
-    assert EC.engine_cost(2, {}, cache=tmp_path) == first and len(runs) == 1  # kept
-    EC.engine_cost(4, {}, cache=tmp_path)  # another cluster size: its own figures
+    assert EC.engine_cost(2, {}, module, cache=tmp_path) == first and len(runs) == 1  # kept
+    assert EC.engine_cost(2, {}, module, cache=tmp_path, measure_now=False) == first  # and a sweep takes them
+    EC.engine_cost(4, {}, module, cache=tmp_path)  # another cluster size: its own figures
     assert len(runs) == 2
     kept, = tmp_path.glob("engine_cost/*-2cpu-*.json")
     kept.write_text(kept.read_text().replace(str(first.measured_at), str(first.measured_at - EC.MAX_AGE_S - 1)))
-    EC.engine_cost(2, {}, cache=tmp_path)
+    EC.engine_cost(2, {}, module, cache=tmp_path)
     assert len(runs) == 3

@@ -71,7 +71,7 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
     settled = settle(study, opts)
     study, opts = settled.study, settled.opts
     shipped = study.ship()
-    plan = _say_plan(study, opts, shipped, start, settled.path)
+    plan = _say_plan(study, opts, shipped, start, settled.path, measure=False)
     console.quiet(settled.path, opts.verbose)  # Ray's and MLflow's messages to the experiment's driver.log
     start_cluster(opts)
     # Opened while Tune starts the trials' processes (both take seconds); a trial's first event waits for it.
@@ -134,15 +134,16 @@ def plan_sweep(study: StudySweep, opts: SweepOptions) -> SweepPlan | None:
     path = settle(study, opts).path if opts.resume else None  # (a resumed sweep's folder, checked)
     validate(study)
     study, opts = settle_trials(study, opts)
-    return _say_plan(study, opts, (study.plan_ship or study.ship)(), start, path)
+    return _say_plan(study, opts, (study.plan_ship or study.ship)(), start, path, measure=True)
 
 
 def _say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any], start: float,
-              path: str | None) -> SweepPlan | None:
+              path: str | None, measure: bool) -> SweepPlan | None:
     """Print the sweep's description, its stacking, and its plan (`pefusion.sweep.plan`; None for a study that
     cannot time its trials): the engine's costs measured on this machine unless the sweep joins a cluster, and
     for a resumed sweep (its experiment at `path`) the trials it has left. `start`: the sweep's `time.monotonic()`
-    at its start, from which its wall time is counted."""
+    at its start, from which its wall time is counted. `measure`: whether Ray's costs may be measured now (`--plan`)
+    or only taken as `--plan` kept them (a sweep: a tiny Ray sweep before its own would cost more than it tells)."""
     line = study.describe(shipped)
     if line:
         print(line, flush=True)
@@ -156,7 +157,8 @@ def _say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any],
     timing = time_trials(study, opts, shipped)
     at_once, _ = trials_at_once(opts.cpus_per_trial, opts.gpus_per_trial, local_node(opts), opts.max_concurrent,
                                 grid_size(study.space) * study.num_samples)
-    cost = None if opts.address else engine_cost(at_once, tune_env())
+    cost = None if opts.address else engine_cost(at_once, tune_env(), study.trainable.__module__,
+                                                 measure_now=measure)
     finished = finished_configs(path) if opts.resume and path and not is_remote(opts) else []
     so_far, age = time.monotonic() - start, process_age()
     plan = make_plan(study, opts, timing, cost=cost, so_far=so_far, before=age - so_far if age else None,

@@ -4,13 +4,15 @@ trainable), the gap between two trials of a slot (the final report, the actor's 
 checkpoint, and the end (Tune's last bookkeeping and Ray's shutdown).
 
 Measured by a tiny sweep: a fresh process starts a local Ray cluster of the sweep's CPUs and runs two trials per
-slot through Tune as the engine runs them (one CPU each, actors reused), each importing what a PE-fusion trial
-imports and reporting `REPORTS` results with a checkpoint, and doing no work. The figures are kept in pefusion's
-cache folder, one file per machine, CPU count and Ray version, and measured again after `MAX_AGE_S`: a plan pays
-the tiny sweep (about 10 s) once a day on a machine.
+slot through Tune as the engine runs them (one CPU each, actors reused), each importing the study's trainable module
+(what a real trial's process imports) and reporting `REPORTS` results with a checkpoint, and doing no work. The
+figures are kept in pefusion's cache folder, one file per machine, CPU count, trainable module and Ray version, and
+measured again after `MAX_AGE_S`: `--plan` pays the tiny sweep (about 10 s) once a day on a machine; a sweep itself
+never runs it (`measure=False`), it takes the figures `--plan` kept, or leaves Ray's costs out and says so.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -40,9 +42,11 @@ class EngineCost:
 
 
 def _trial(config: dict) -> None:
-    """A measuring trial: what a PE-fusion trial's process imports, then `REPORTS` reports with a checkpoint."""
-    import pefusion.fusion.trainable  # noqa: F401
+    """A measuring trial: what a real trial's process imports (`config["module"]`, the study's trainable module),
+    then `REPORTS` reports with a checkpoint."""
     from ray import tune
+
+    importlib.import_module(config["module"])
 
     started = time.time()
     for epoch in range(1, REPORTS + 1):
@@ -52,9 +56,9 @@ def _trial(config: dict) -> None:
                         checkpoint=tune.Checkpoint.from_directory(folder))
 
 
-def measure(slots: int, env: Mapping[str, str]) -> EngineCost:
-    """The tiny sweep (see the module docstring) on a local cluster of `slots` CPUs, `slots` trials at once, with
-    Tune's environment `env` as the engine sets it; run it in a fresh process
+def measure(slots: int, env: Mapping[str, str], module: str) -> EngineCost:
+    """The tiny sweep (see the module docstring) on a local cluster of `slots` CPUs, `slots` trials at once, each
+    importing `module`, with Tune's environment `env` as the engine sets it; run it in a fresh process
     (`pefusion.sweep.gpus.in_fresh_process`): it starts and stops its own cluster."""
     import ray
     from ray import tune
@@ -70,7 +74,7 @@ def measure(slots: int, env: Mapping[str, str]) -> EngineCost:
         with tempfile.TemporaryDirectory() as storage:
             tune_start = time.time()
             grid = tune.Tuner(
-                tune.with_resources(_trial, {"cpu": 1}), param_space={"i": tune.grid_search(list(range(2 * slots)))},
+                tune.with_resources(_trial, {"cpu": 1}), param_space={"i": tune.grid_search(list(range(2 * slots))), "module": module},
                 tune_config=tune.TuneConfig(max_concurrent_trials=slots, reuse_actors=True),
                 run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
             last = sorted((r.metrics["started_at"], r.metrics["ended_at"]) for r in grid)  # each trial's last report
@@ -91,22 +95,26 @@ def measure(slots: int, env: Mapping[str, str]) -> EngineCost:
                       end_s=ended - max(ends), measured_at=ended)
 
 
-def engine_cost(slots: int, env: Mapping[str, str], cache: Path | None = None) -> EngineCost:
-    """This machine's figures for a local cluster of `slots` CPUs: the cached ones when younger than `MAX_AGE_S`,
-    else measured now (a tiny sweep in a fresh process, Tune's environment `env`) and cached."""
+def engine_cost(slots: int, env: Mapping[str, str], module: str, cache: Path | None = None,
+                measure_now: bool = True) -> EngineCost | None:
+    """This machine's figures for a local cluster of `slots` CPUs whose trials import `module`: the cached ones
+    when younger than `MAX_AGE_S`, else (with `measure_now`) measured now, a tiny sweep in a fresh process with
+    Tune's environment `env`, and cached; else None."""
     import ray
 
     from pefusion import cache_home
     from pefusion.sweep.gpus import in_fresh_process
 
-    path = (cache or cache_home()) / "engine_cost" / f"{socket.gethostname()}-{slots}cpu-ray{ray.__version__}.json"
+    path = (cache or cache_home()) / "engine_cost" / f"{socket.gethostname()}-{slots}cpu-{module}-ray{ray.__version__}.json"
     try:
         kept = EngineCost(**json.loads(path.read_text()))
         if time.time() - kept.measured_at < MAX_AGE_S:
             return kept
     except (OSError, ValueError, TypeError):
         pass
-    cost = in_fresh_process(measure, slots, dict(env))
+    if not measure_now:
+        return None
+    cost = in_fresh_process(measure, slots, dict(env), module)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(asdict(cost)))

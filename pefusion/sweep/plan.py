@@ -250,8 +250,11 @@ def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing, *, cost: En
                      f"{duration(cost.first_trial_s)}, then {per_trial:.2f} s of Ray's per trial) and the end "
                      f"{duration(end_s)}; Ray's figures measured on this machine {cost.when()}{earlier}")
     else:
+        left_out = ("the cluster's start and Ray's per-trial overhead there are not in it" if opts.address else
+                    "Ray's start and per-trial overhead are not in it (not measured on this machine today: "
+                    "--plan measures them)")
         lines.append(f"plan: the wall is the sweep so far {duration(so_far)} and the trials {duration(trials_s)}: "
-                     f"the cluster's start and Ray's per-trial overhead there are not in it{earlier}")
+                     f"{left_out}{earlier}")
     return SweepPlan(trials=trials, runs=runs, at_once=at_once, wall_s=wall, device_hours=hours, unit=unit,
                      longest_s=max(timing.seconds), at_most=at_most, device=timing.device, lines=tuple(lines),
                      testing_s=sum(testing) / len(testing) if testing else 0.0)
