@@ -15,6 +15,7 @@ trial against max_t. Any sweep: what the machine's CPU and GPUs were busy with o
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -202,6 +203,9 @@ def _alpha_lines(ax, omega_colors: Mapping[float, tuple], alpha_c: Curve | None,
 _PAPER = ST.published_setting()
 
 
+# Characters a line of the warning under a map holds at fontsize 7 in the map's width (a longer line ran off both
+# edges).
+WARNING_WIDTH = 120
 # A map decides a point this far from α_c: points farther than this that stay undecided mean too few seeds.
 DECIDE_WITHIN = 0.1
 
@@ -247,8 +251,10 @@ def _size_warning(fig: Figure, frame: pd.DataFrame, alpha_c: Curve | None = None
     if flips:
         reasons.append(f"the calls change sign more than once along α at ω = {', '.join(flips)}: "
                        f"too few seeds or too small a d to place the transition")
-    if reasons:  # a figure-level label: constrained layout makes room for it
-        fig.supxlabel("\n".join(reasons), fontsize=7, color="tab:red")
+    if reasons:  # a figure-level label: constrained layout makes room for its lines, not for their width
+        lines = [wrapped for reason in reasons for line in reason.split("\n")
+                 for wrapped in textwrap.wrap(line, WARNING_WIDTH)]
+        fig.supxlabel("\n".join(lines), fontsize=7, color="tab:red")
 
 
 def _alpha_c_reference(omega: float, grp: pd.DataFrame, alpha_c: Curve | None,
