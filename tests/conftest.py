@@ -164,6 +164,37 @@ def stop_process_group(proc: subprocess.Popen, port: int) -> None:
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
+def stop_process_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM to a process the test started (a `ray start --block`, which shuts its node down on it), then SIGKILL to
+    whatever of its process tree is still alive after 90 s, each by PID: never `ray stop`, which would end every Ray
+    process on the machine."""
+    import ray  # noqa: F401  (Ray ships psutil and puts it on the path)
+    import psutil
+
+    try:
+        started = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        started = []
+    proc.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(started, timeout=90)
+    for left in alive:
+        left.kill()
+    psutil.wait_procs(alive, timeout=30)
+    proc.wait(timeout=30)
+
+
+def help_text(main) -> str:
+    """What `main(["--help"])` prints; it must exit 0."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+        main(["--help"])
+    assert stop.value.code == 0
+    return out.getvalue()
+
+
 # --- helpers only tests use ------------------------------------------------------------------------------
 
 

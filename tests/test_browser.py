@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port, stop_process_group, subprocess_env
+from conftest import REPO, free_port, stop_process_group, stop_process_tree, subprocess_env
 from pefusion import record as R
 
 pytestmark = [pytest.mark.system, pytest.mark.subprocess_ray]
@@ -215,9 +214,6 @@ def test_a_sweep_joins_a_running_ray_start_head_and_its_dashboard_is_still_up_af
     """docs/operations.md's persistent local cluster: `ray start --head` (here on free ports, in a temp dir of its
     own), a sweep with `--address auto` (RAY_ADDRESS names this head, so `auto` cannot find a user's cluster), and
     the dashboard still serving once the sweep has ended. Stopped by its own handle, never `ray stop`."""
-    import ray  # noqa: F401  (Ray ships psutil and puts it on the path)
-    import psutil
-
     temp_dir = Path(tempfile.mkdtemp(prefix="pfdash-"))  # short: Ray's socket paths must fit in 107 bytes
     port, dashboard = free_port(), free_port()
     env = subprocess_env(RAY_AUTH_MODE="token")
@@ -248,13 +244,5 @@ def test_a_sweep_joins_a_running_ray_start_head_and_its_dashboard_is_still_up_af
         browser.get(f"http://127.0.0.1:{dashboard}/")
         assert "Ray" in browser.title, browser.title
     finally:
-        try:
-            started = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            started = []
-        head.send_signal(signal.SIGTERM)
-        _, alive = psutil.wait_procs(started, timeout=90)
-        for proc in alive:
-            proc.kill()
-        head.wait(timeout=30)
+        stop_process_tree(head)
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -3,14 +3,10 @@ no other), each beside the script that runs the same main, and every flag the pa
 command's `--help`."""
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 import tomllib
 
-import pytest
-
-from conftest import REPO, load_script
+from conftest import REPO, help_text, load_script
 from pefusion.cli import commands
 
 CLI_MD = REPO / "docs" / "cli.md"
@@ -43,16 +39,8 @@ def test_each_script_and_its_installed_command_run_the_same_main():
         assert load_script(script).main is main, (script, command)
 
 
-def _help(main) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
-        main(["--help"])
-    assert stop.value.code == 0
-    return out.getvalue()
-
-
 def test_every_flag_docs_cli_names_is_a_flag_of_some_command():
-    helps = {name: _help(main) for name, main in commands.MAINS.items()}
+    helps = {name: help_text(main) for name, main in commands.MAINS.items()}
     known = {flag for text in helps.values() for flag in FLAG.findall(text)}
     named = set(FLAG.findall(OTHER_TOOLS.sub("", CLI_MD.read_text())))
     assert named, "docs/cli.md names no flag"

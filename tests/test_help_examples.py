@@ -12,7 +12,7 @@ import tomllib
 
 import pytest
 
-from conftest import REPO, load_script
+from conftest import REPO, help_text, load_script
 from pefusion.cli import commands
 
 EXAMPLE = re.compile(r"^\s*((?:python (?:sweeps|scripts)/\w+\.py|pefusion-[\w-]+)(?: .*)?)$", re.M)
@@ -21,14 +21,6 @@ FLAG_EXAMPLE = re.compile(r"e\.g\.\s+(--[a-z][\w-]*)(?:\s+([^\s;)-][^\s;)]*))?")
 
 class Parsed(Exception):
     """Raised in place of running the command once its flags parsed."""
-
-
-def _help(main) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
-        main(["--help"])
-    assert stop.value.code == 0
-    return out.getvalue()
 
 
 def _mains() -> dict[str, object]:
@@ -66,7 +58,7 @@ def _parses(main, argv: list[str], monkeypatch) -> None:
 def _examples() -> list[tuple[str, str]]:
     found = []
     for name, main in commands.MAINS.items():
-        text = _help(main)
+        text = help_text(main)
         found += [(name, m.group(1)) for m in EXAMPLE.finditer(text)]
         found += [(name, "flag " + " ".join(g.rstrip(",.") for g in m.groups() if g))
                   for m in FLAG_EXAMPLE.finditer(text)]

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from conftest import REPO, S3_CREDENTIALS, free_port, start_mlflow_server, stop_process_group, subprocess_env
+from conftest import (REPO, S3_CREDENTIALS, free_port, start_mlflow_server, stop_process_group, stop_process_tree,
+                      subprocess_env)
 from pefusion import record as R
 from study_names import TIMING_COLUMNS
 
@@ -138,9 +139,6 @@ def head_node():
     a user's cluster included: `ray start --block` shuts its node down on SIGTERM; anything of its process tree
     still alive after that is killed by PID. A stand-in for a user's Ray process (a command line `ray stop` would
     match) must survive the whole test."""
-    import ray  # noqa: F401  (Ray ships psutil and puts it on the path)
-    import psutil
-
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", "default_worker.py"])
     temp_dir = Path(tempfile.mkdtemp(prefix="pfray-"))  # short: Ray's socket paths must fit in 107 bytes
     port = free_port()
@@ -161,16 +159,7 @@ def head_node():
             time.sleep(0.5)
         yield SimpleNamespace(env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}, temp_dir=temp_dir)
     finally:
-        try:
-            started = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            started = []
-        head.send_signal(signal.SIGTERM)
-        _, alive = psutil.wait_procs(started, timeout=90)
-        for proc in alive:
-            proc.kill()
-        psutil.wait_procs(alive, timeout=30)
-        head.wait(timeout=30)
+        stop_process_tree(head)
         shutil.rmtree(temp_dir, ignore_errors=True)
         bystander_alive = bystander.poll() is None
         bystander.kill()
