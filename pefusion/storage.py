@@ -51,3 +51,8 @@ def canonical(path: str) -> str:
     scheme, rest = path.split("://", 1)
     rest = without_credentials(f"x://{rest}")[len("x://"):].split("?", 1)[0].split("#", 1)[0]
     return f"{scheme.lower()}://" + "/".join(part for part in rest.split("/") if part)
+
+
+def path_name(path: str) -> str:
+    """The last part of an experiment's path or URI (its query left out): the experiment's name."""
+    return (path.split("?", 1)[0] if "://" in path else path).rstrip("/").rsplit("/", 1)[-1]

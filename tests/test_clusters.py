@@ -53,7 +53,8 @@ def test_the_clusters_page_names_the_tested_object_storage_commands_word_for_wor
     ("/home/you/ray_results", "grid", "/home/you/ray_results/grid"),
 ])
 def test_an_experiment_in_object_storage_is_named_inside_the_uris_path_before_its_query(root, name, path):
-    from pefusion.sweep.options import experiment_path, path_name
+    from pefusion.storage import path_name
+    from pefusion.sweep.settle import experiment_path
 
     assert experiment_path(root, name) == path and path_name(path) == name
 

@@ -122,7 +122,8 @@ def test_the_plans_wall_is_the_command_so_far_rays_start_the_trials_with_rays_sh
     finished: 20.5 -> 23.5, 40.5 -> 43.5: 7 + 5 + 43.5 + 2."""
     from pefusion.sweep.enginecost import EngineCost
     from pefusion.sweep.options import SweepOptions
-    from pefusion.sweep.plan import Timing, make_plan
+    from pefusion.sweep.plan import make_plan
+    from pefusion.sweep.study import Timing
 
     study = _grid_study({"seed": [0, 1, 2, 3]})
     timing = Timing(seconds=(10.0, 20.0, 30.0, 40.0), device="cpu (test)", trial="t", budget="1 epoch per trial",
@@ -140,7 +141,8 @@ def test_the_plans_wall_is_the_command_so_far_rays_start_the_trials_with_rays_sh
 
 def test_trials_packed_on_a_card_are_planned_as_an_upper_bound_that_says_why():
     from pefusion.sweep.options import SweepOptions
-    from pefusion.sweep.plan import Timing, make_plan
+    from pefusion.sweep.plan import make_plan
+    from pefusion.sweep.study import Timing
 
     study = _grid_study({"seed": [0, 1, 2, 3]})
     timing = Timing(seconds=(10.0,) * 4, device="cuda (test)", trial="t", budget="1 epoch per trial")

@@ -198,7 +198,7 @@ def gpus_per_trial(text: str | None) -> float | str | None:
     """The value of --gpus-per-trial: a number, 'auto', or None where it was left out. Parsed here rather than by
     argparse so that a bad value ends in one line like every other user error (argparse would print its usage
     first)."""
-    from pefusion.sweep.gpus import AUTO
+    from pefusion.sweep.options import AUTO
 
     if text is None:
         return None

@@ -36,7 +36,7 @@ from pefusion.fusion.device import bf16_supported, device_name, resolve_precisio
 from pefusion.fusion.probe import SHAPELESS_KEYS, in_words
 from pefusion.fusion.stacked import StackedTrainer
 from pefusion.fusion.training import Trainer, latency_sample
-from pefusion.sweep.plan import Timing
+from pefusion.sweep.study import Timing
 
 STEPS = 3  # timed training steps per kind of trial, after one warm-up step
 EVAL_BATCHES = 2  # evaluation batches timed per kind, after one warm-up pass: a shorter and a longer width

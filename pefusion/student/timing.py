@@ -19,7 +19,7 @@ import torch
 from pefusion.fusion.device import device_name
 from pefusion.student.config import StudentConfig, StudentPreset, point_config
 from pefusion.student.cv import PHASE_INITS, run_cv_point, run_phase_point
-from pefusion.sweep.plan import Timing
+from pefusion.sweep.study import Timing
 
 STEPS = 20  # the fit steps first timed, beyond the 2 of the fixed part's run; ×4 until they take MIN_SPAN_S
 MIN_SPAN_S = 0.25

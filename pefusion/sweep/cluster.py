@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from pefusion.errors import ConfigError
-from pefusion.sweep.gpus import GIB, CardMemory, CardReading, GpuProbe, ProbeSite, measure, out_of_memory_refused
+from pefusion.sweep.gpus import GIB, CardReading, ProbeSite, measure, out_of_memory_refused
+from pefusion.sweep.study import CardMemory, GpuProbe
 
 ACCELERATOR = "accelerator_type:"  # the prefix of Ray's resource naming a node's kind of GPU
 UNLABELLED = "unlabelled GPU"

@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from pefusion.sweep.options import path_name
+from pefusion.storage import path_name
 
 LOG_FILE = "driver.log"
 # Loggers whose messages leave the console. Ray's and MLflow's roots hold their console handlers (and stop

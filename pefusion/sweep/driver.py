@@ -32,17 +32,17 @@ import pandas as pd
 
 from pefusion import record as R
 from pefusion.errors import SweepInterrupted
-from pefusion.storage import redact
+from pefusion.storage import path_name, redact
 from pefusion.sweep import console
 from pefusion.sweep.console import counted
-from pefusion.sweep.options import SweepOptions, path_name
+from pefusion.sweep.options import SweepOptions, is_remote
 from pefusion.sweep.outcomes import Outcomes, result_rows
 from pefusion.sweep.progress import Progress
 from pefusion.sweep.enginecost import engine_cost
 from pefusion.sweep.gpus import local_node
 from pefusion.sweep.plan import (SweepPlan, finished_configs, make_plan, process_age, time_trials,
                                  trials_at_once)
-from pefusion.sweep.settle import SettledSweep, is_remote, settle, settle_trials, validate
+from pefusion.sweep.settle import SettledSweep, settle, settle_trials, validate
 from pefusion.sweep.space import grid_size
 from pefusion.sweep.study import StudySweep, varying_keys
 from pefusion.sweep.tuner import cluster_gpus, run_tune, start_cluster, tune_env

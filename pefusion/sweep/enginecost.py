@@ -25,6 +25,23 @@ from typing import Mapping
 REPORTS = 3  # results each measuring trial reports, each with a checkpoint
 MAX_AGE_S = 24 * 3600
 
+# What Tune reads while a sweep runs (set for the Tuner's life only, a user's own value first:
+# `pefusion.sweep.tuner`), and the tiny sweep runs under it too, so it lies here, below both:
+TUNE_ENV = {
+    # Persist Tune's experiment state at least every second, so a driver killed with SIGKILL loses (almost) no
+    # finished trial; the state file is tiny next to an epoch of training.
+    "TUNE_GLOBAL_CHECKPOINT_S": "1",
+    # Checkpointing every epoch with num_to_keep=1 forces those snapshots on purpose; don't warn about it.
+    "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
+    # Keep Ray's own console table quiet; the sweeps print their own summary.
+    "RAY_AIR_NEW_OUTPUT": "0",
+}
+
+
+def tune_env() -> dict[str, str]:
+    """What the tuner sets while a sweep runs: `TUNE_ENV` where the user set none, and Tune's default loggers off."""
+    return {**{k: v for k, v in TUNE_ENV.items() if k not in os.environ}, "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+
 
 @dataclass(frozen=True)
 class EngineCost:

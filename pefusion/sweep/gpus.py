@@ -18,16 +18,13 @@ import math
 import os
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pefusion import record as R
 from pefusion.errors import ConfigError
+from pefusion.sweep.options import AUTO, SweepOptions
+from pefusion.sweep.study import CardMemory, GpuProbe, StudySweep
 
-if TYPE_CHECKING:
-    from pefusion.sweep.options import SweepOptions
-    from pefusion.sweep.study import StudySweep
-
-AUTO = "auto"  # --gpus-per-trial auto; left out (None), it is auto too, but quiet where a study uses no GPU
 GIB = 1024 ** 3
 # What a process holds on the card outside torch's caching allocator: the CUDA context, the cuBLAS/cuDNN handles
 # and the kernels it loads. torch's memory statistics never count it (nvidia-smi does); a few hundred MiB per
@@ -43,15 +40,6 @@ MAX_PER_CARD = 8
 # Ray counts resources in units of 0.0001 (ray_constants.MIN_RESOURCE_GRANULARITY): 1/K is rounded *down* to that,
 # so that K trials still fit on one card.
 RAY_RESOURCE_DECIMALS = 4
-
-# The study's probe: given the points the sweep's trials can be (`SearchSpace.trial_points()`), the peak GPU memory
-# in bytes that the largest of their trials holds (torch's reserved memory) on the current CUDA device, and which
-# trial that is, in words. The engine runs it in a spawned process, so it must pickle: a module-level function or a
-# functools.partial of one.
-GpuProbe = Callable[[Sequence[dict[str, Any]]], tuple[int, str]]
-# The card the probe measures on: its free and total bytes and its name (`cuda_card`: the current CUDA device). A
-# study could only replace it where its trials see a card another way; the engine never calls CUDA itself.
-CardMemory = Callable[[], tuple[int, int, str]]
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pefusion.errors import ConfigError
-from pefusion.sweep.gpus import AUTO
 
+AUTO = "auto"  # --gpus-per-trial auto; left out (None), it is auto too, but quiet where a study uses no GPU
 DEFAULT_STORAGE = "ray_results"
 
 
@@ -60,15 +60,6 @@ class SweepOptions:
             raise ConfigError(f"--max-failures={self.max_failures} must be >= 0")
 
 
-def experiment_path(root: str, name: str) -> str:
-    """The experiment `name` under the storage path `root`, a local folder or a URI whose query (an object
-    store's `endpoint_override`, `scheme`, `region`, ...) stays its query: `s3://b/ray?scheme=http` ->
-    `s3://b/ray/name?scheme=http`."""
-    base, query = root.split("?", 1) if "://" in root and "?" in root else (root, "")
-    return f"{base.rstrip('/')}/{name}" + (f"?{query}" if query else "")
-
-
-def path_name(path: str) -> str:
-    """The last part of an experiment's path or URI (its query left out): the experiment's name."""
-    return (path.split("?", 1)[0] if "://" in path else path).rstrip("/").rsplit("/", 1)[-1]
-
+def is_remote(opts: SweepOptions) -> bool:
+    """Whether the sweep's storage is a URI (object storage) rather than a local folder."""
+    return "://" in opts.storage_path

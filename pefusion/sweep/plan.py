@@ -25,30 +25,15 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pefusion import record as R
 from pefusion.sweep.console import counted
 from pefusion.sweep.enginecost import EngineCost
 from pefusion.sweep.gpus import in_fresh_process, local_node
+from pefusion.sweep.options import SweepOptions
 from pefusion.sweep.space import Constant, Grid, Stack, grid_size
-
-if TYPE_CHECKING:
-    from pefusion.sweep.options import SweepOptions
-    from pefusion.sweep.study import StudySweep
-
-
-@dataclass(frozen=True)
-class Timing:
-    """What a study's timer measured (`StudySweep.timer`)."""
-
-    seconds: tuple[float, ...]  # per point it was given: the trial's seconds at its whole budget
-    device: str  # what was timed, e.g. "cpu (AMD EPYC 7B13, 1 thread)", "cuda (NVIDIA H200)"
-    trial: str  # the longest trial, in words
-    budget: str  # the most a trial trains, e.g. "20 epochs per trial", "5000 steps per fit"
-    ends_early: str = ""  # the study's own reason a trial may train less, e.g. "GD ends a fit at a fixed point"
-    testing_s: tuple[float, ...] = ()  # per point, of its seconds: its last phase after training (test, latency)
-    kinds: int = 0  # the kinds of trial timed (0: not said)
+from pefusion.sweep.study import StudySweep, Timing
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pefusion.errors import ConfigError
 from pefusion.storage import credentials_note, redact, without_credentials
 from pefusion.sweep.cluster import probe_on_cluster
 from pefusion.sweep.gpus import check_resources, local_node, resolve_gpus
-from pefusion.sweep.options import DEFAULT_STORAGE, SweepOptions, experiment_path
+from pefusion.sweep.options import DEFAULT_STORAGE, SweepOptions, is_remote
 from pefusion.sweep.space import Stack
 from pefusion.sweep.study import StudySweep
 from pefusion.tracking.store import check_tracking, resolve_tracking_uri
@@ -211,12 +211,16 @@ def _ray_running() -> bool:
     return ray is not None and ray.is_initialized()
 
 
-def is_remote(opts: SweepOptions) -> bool:
-    return "://" in opts.storage_path
-
-
 def storage_root(opts: SweepOptions) -> str:
     return opts.storage_path if is_remote(opts) else str(Path(opts.storage_path).resolve())
+
+
+def experiment_path(root: str, name: str) -> str:
+    """The experiment `name` under the storage path `root`, a local folder or a URI whose query (an object
+    store's `endpoint_override`, `scheme`, `region`, ...) stays its query: `s3://b/ray?scheme=http` ->
+    `s3://b/ray/name?scheme=http`."""
+    base, query = root.split("?", 1) if "://" in root and "?" in root else (root, "")
+    return f"{base.rstrip('/')}/{name}" + (f"?{query}" if query else "")
 
 
 def experiment_name(opts: SweepOptions, preset: str) -> str:

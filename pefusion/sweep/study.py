@@ -13,9 +13,31 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
-from pefusion.sweep.gpus import CardMemory, GpuProbe
-from pefusion.sweep.plan import Timing
 from pefusion.sweep.space import Choice, Constant, Grid, SearchSpace
+
+
+# The study's probe: given the points the sweep's trials can be (`SearchSpace.trial_points()`), the peak GPU memory
+# in bytes that the largest of their trials holds (torch's reserved memory) on the current CUDA device, and which
+# trial that is, in words. The engine runs it in a spawned process, so it must pickle: a module-level function or a
+# functools.partial of one.
+GpuProbe = Callable[[Sequence[dict[str, Any]]], tuple[int, str]]
+# The card the probe measures on: its free and total bytes and its name (`pefusion.sweep.gpus.cuda_card`: the
+# current CUDA device). A
+# study could only replace it where its trials see a card another way; the engine never calls CUDA itself.
+CardMemory = Callable[[], tuple[int, int, str]]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What a study's timer measured (`StudySweep.timer`)."""
+
+    seconds: tuple[float, ...]  # per point it was given: the trial's seconds at its whole budget
+    device: str  # what was timed, e.g. "cpu (AMD EPYC 7B13, 1 thread)", "cuda (NVIDIA H200)"
+    trial: str  # the longest trial, in words
+    budget: str  # the most a trial trains, e.g. "20 epochs per trial", "5000 steps per fit"
+    ends_early: str = ""  # the study's own reason a trial may train less, e.g. "GD ends a fit at a fixed point"
+    testing_s: tuple[float, ...] = ()  # per point, of its seconds: its last phase after training (test, latency)
+    kinds: int = 0  # the kinds of trial timed (0: not said)
 
 
 @dataclass(frozen=True)

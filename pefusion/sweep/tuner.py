@@ -26,6 +26,7 @@ from ray.tune.logger import JsonLoggerCallback
 from pefusion import record as R
 from pefusion.errors import ConfigError
 from pefusion.sweep.cluster import join
+from pefusion.sweep.enginecost import tune_env
 from pefusion.sweep.options import SweepOptions
 from pefusion.sweep.search import checkpoints_to_keep
 from pefusion.sweep.gpus import check_resources
@@ -33,17 +34,6 @@ from pefusion.sweep.settle import SettledSweep, storage_root
 from pefusion.sweep.space import to_tune
 from pefusion.tracking.store import import_client_in_background
 from pefusion.tracking.trials import error_summary
-
-# What Tune reads while a sweep runs (set for the Tuner's life only, a user's own value first; `_tune_env`):
-TUNE_ENV = {
-    # Persist Tune's experiment state at least every second, so a driver killed with SIGKILL loses (almost) no
-    # finished trial; the state file is tiny next to an epoch of training.
-    "TUNE_GLOBAL_CHECKPOINT_S": "1",
-    # Checkpointing every epoch with num_to_keep=1 forces those snapshots on purpose; don't warn about it.
-    "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
-    # Keep Ray's own console table quiet; the sweeps print their own summary.
-    "RAY_AIR_NEW_OUTPUT": "0",
-}
 
 
 def start_ray(opts: SweepOptions) -> str:
@@ -168,14 +158,9 @@ def run_tune(settled: SettledSweep, shipped: Mapping[str, Any], callbacks: Seque
         tuner.fit()
 
 
-def tune_env() -> dict[str, str]:
-    """What `_tune_env` sets: `TUNE_ENV` where the user set none, and Tune's default loggers off."""
-    return {**{k: v for k, v in TUNE_ENV.items() if k not in os.environ}, "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
-
-
 @contextlib.contextmanager
 def _tune_env() -> Iterator[None]:
-    """`TUNE_ENV` (where the user set none), and Tune without its default TensorBoard and CSV loggers, while the
+    """`tune_env()` (`TUNE_ENV` where the user set none), and Tune without its default TensorBoard and CSV loggers, while the
     Tuner is made and runs.
 
     Why no default loggers: they write every result on the driver's loop (an event file and a writer thread per
