@@ -88,7 +88,7 @@ def test_fractional_gpus_run_four_trials_at_once(local_ray, in_tmp, smoke_preset
 def test_failures_are_recorded_never_dropped(local_ray, in_tmp, smoke_preset, smoke_corpus):
     """A trial that raises and one that diverges leave the sweep complete and are recorded with their reason."""
     from pefusion.cli.fusion import summary_table
-    from pefusion.fusion.study import aggregate_rows
+    from pefusion.cli.fusion import aggregate_rows
     from pefusion.fusion.trainable import pefusion_trainable
 
     def faulty(config, **kwargs):
@@ -805,7 +805,7 @@ def test_a_stacked_grid_is_one_run_per_seed_in_every_record(local_ray, in_tmp, s
     Table 1's cells count 2 seeds; only the tag `pefusion.stacked_in` names the trial that carried them."""
     import mlflow
 
-    from pefusion.fusion.study import aggregate_rows
+    from pefusion.cli.fusion import aggregate_rows
     from pefusion.fusion.model import load_checkpoint
 
     result = _sweep(smoke_corpus, smoke_preset, _grid(fusion=["add", "concat"], seed=[0, 1]),

@@ -1,7 +1,8 @@
 """The PE-fusion study's command lines, the library half: `pefusion-grid` and `pefusion-search` (`sweeps/arxiv_grid.py`,
 `sweeps/lr_batch_asha.py`) parse their flags in `cli/commands.py` and call `run_arxiv_grid` or `run_lr_batch_asha`
 here, which turn the flags into a preset and a search space, hand study A's sweep (`pefusion.fusion.study`) to the
-engine and print what the user reads at the end (Table 1, or the best configuration and ASHA's epoch budget)."""
+engine with the end-of-sweep summary the analysis makes of its rows (`summarised`), and print what the user reads at
+the end (Table 1, or the best configuration and ASHA's epoch budget)."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +20,8 @@ from pefusion.sweep.space import SearchSpace, Stack, load_search_space
 
 if TYPE_CHECKING:  # torch and Ray load when a sweep runs, after its inputs are checked (`--help` needs neither)
     import pandas as pd
+
+    from pefusion.sweep.study import StudySweep
 
 
 def resolve_preset(args: argparse.Namespace) -> Preset:
@@ -77,7 +80,7 @@ def run_arxiv_grid(args: argparse.Namespace, opts: SweepOptions) -> int:
     from pefusion.fusion.study import pefusion_study
     from pefusion.sweep.driver import plan_sweep, run_sweep
 
-    study = pefusion_study("arxiv_grid", args.preset, preset, space, opts.cpus_per_trial, describe=True)
+    study = summarised(pefusion_study("arxiv_grid", args.preset, preset, space, opts.cpus_per_trial, describe=True))
     if opts.plan:
         plan_sweep(study, opts)
         return 0
@@ -99,7 +102,7 @@ def run_lr_batch_asha(args: argparse.Namespace, opts: SweepOptions) -> int:
     from pefusion.fusion.study import lr_batch_study
     from pefusion.sweep.driver import plan_sweep, run_sweep
 
-    study = lr_batch_study(args.preset, preset, space, plan, opts.cpus_per_trial)
+    study = summarised(lr_batch_study(args.preset, preset, space, plan, opts.cpus_per_trial), max_t=plan.max_t)
     if opts.plan:
         plan_sweep(study, opts)
         return 0
@@ -124,7 +127,6 @@ def run_lr_batch_asha(args: argparse.Namespace, opts: SweepOptions) -> int:
 def summary_table(rows: pd.DataFrame) -> str:
     """Table 1 as text, then every failed trial with its reason."""
     from pefusion.analysis.fusion_tables import table1, table1_display
-    from pefusion.fusion.study import as_trial_frame
     from pefusion.fusion.trainable import trial_run_name
 
     frame = as_trial_frame(rows)
@@ -136,3 +138,34 @@ def summary_table(rows: pd.DataFrame) -> str:
     for _, r in rows[~rows[R.STATUS].isin(R.SUCCESS_STATUSES)].iterrows():
         lines.append(f"  failed: {trial_run_name(r.to_dict())} [{r[R.STATUS]}] {r.get(R.ERROR, '')}")
     return "\n".join(lines)
+
+
+def summarised(study: StudySweep, max_t: int | None = None) -> StudySweep:
+    """`study` with the end-of-sweep summary the command writes: every CSV in its paper form (units in the headers,
+    rounding), the sweep's Table 1 (or a search's trials best first) as `results_aggregated`, and for a search
+    whose trials train at most `max_t` epochs, the epoch budget's summary on the parent run."""
+    from pefusion.analysis.formats import csv_ready
+    from pefusion.analysis.search import budget_summary
+
+    budget = {"parent_metrics": lambda rows: budget_summary(rows, max_t)} if max_t else {}
+    return dataclasses.replace(study, csv=csv_ready, tables=lambda rows: {"results_aggregated": aggregate_rows(rows)},
+                               **budget)
+
+
+def as_trial_frame(rows: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's rows in the shape `pefusion.analysis` reads from MLflow (one implementation of the tables)."""
+    from pefusion.analysis.runs import RUN_ID, START_TIME
+
+    return rows.assign(**{RUN_ID: rows["trial_id"].astype(str),
+                          START_TIME: rows["started_at"] if "started_at" in rows else 0.0})
+
+
+def aggregate_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Table 1 of the sweep (accuracies in %), or for a search the trials best first."""
+    from pefusion.analysis.fusion_tables import table1
+    from pefusion.analysis.search import search_table
+
+    frame = as_trial_frame(rows)
+    if (frame[R.STATUS] == R.STATUS_OK).any() and frame[[R.PE_TYPE, R.FUSION]].drop_duplicates().shape[0] > 1:
+        return table1(frame)
+    return search_table(frame)

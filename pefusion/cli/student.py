@@ -20,6 +20,8 @@ from pefusion.sweep.space import Constant, SearchSpace, load_search_space
 if TYPE_CHECKING:
     import pandas as pd
 
+    from pefusion.sweep.study import StudySweep
+
 # Flags that narrow a grid of the search-space file: (flag, type, what, example).
 NARROWING = (("--alphas", float, "alpha = n/d", "0.5,1,2"), ("--omegas", float, "omega", "0,0.3"),
              ("--seeds", int, "data seed", "0,1"), ("--inits", str, "initialisation", "semantic,positional"))
@@ -84,7 +86,7 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, opts: SweepOptions) 
     from pefusion.student.study import student_study
     from pefusion.sweep.driver import plan_sweep, run_sweep
 
-    study = student_study(sweep, args.preset, preset, space, opts.cpus_per_trial)
+    study = in_paper_form(student_study(sweep, args.preset, preset, space, opts.cpus_per_trial))
     if opts.plan:
         plan_sweep(study, opts)
         return 0
@@ -106,7 +108,7 @@ def run_lambda_search(args: argparse.Namespace, opts: SweepOptions, preset: Stud
     from pefusion.student.study import best_lambda, lambda_search_study
     from pefusion.sweep.driver import plan_sweep, run_sweep
 
-    study = lambda_search_study(args.preset, preset, space, search_plan(args), opts.cpus_per_trial)
+    study = in_paper_form(lambda_search_study(args.preset, preset, space, search_plan(args), opts.cpus_per_trial))
     if opts.plan:
         plan_sweep(study, opts)
         return 0
@@ -132,3 +134,9 @@ def student_summary(rows: pd.DataFrame) -> str:
     with pd.option_context("display.width", 160, "display.max_rows", 400, "display.float_format", "{:.4g}".format):
         return rows[cols].to_string(index=False)
 
+
+def in_paper_form(study: StudySweep) -> StudySweep:
+    """`study` with every CSV its sweep writes in the analysis's paper form (units in the headers, rounding)."""
+    from pefusion.analysis.formats import csv_ready
+
+    return dataclasses.replace(study, csv=csv_ready)

@@ -1,9 +1,9 @@
 """Study A as the sweep engine sees it: the `StudySweep` of a PE × fusion × seed grid (`pefusion_study`) or of a
-learning-rate × batch-size search under a scheduler (`lr_batch_study`), and the tables a finished sweep derives
-from its rows (Table 1, or a search's trials best first).
+learning-rate × batch-size search under a scheduler (`lr_batch_study`).
 
-The study's wiring, above the engine and the analysis it hands its rows to; the command lines (`pefusion.cli`)
-parse the flags into a preset, a search space and a plan, and print what it returns. The trainable and the GPU
+The study's wiring, above the engine and below the analysis: it says what its trials are; the command lines
+(`pefusion.cli.fusion`) parse the flags into a preset, a search space and a plan, add the end-of-sweep summary the
+analysis makes of the rows (Table 1, or a search's trials best first; the CSVs' paper form), and print it. The trainable and the GPU
 probe (torch, Ray) are imported as a study is made, so that a search plan is checked before they load.
 """
 from __future__ import annotations
@@ -13,13 +13,7 @@ import functools
 from pathlib import Path
 from typing import Any, Callable
 
-import pandas as pd
-
 from pefusion import record as R
-from pefusion.analysis.formats import csv_ready
-from pefusion.analysis.fusion_tables import table1
-from pefusion.analysis.runs import RUN_ID, START_TIME
-from pefusion.analysis.search import budget_summary, search_table
 from pefusion.data.cache import cache_root, tokenizer_files
 from pefusion.data.config import SPLIT_PER_SEED, TOKENIZER_KEYS, DataConfig
 from pefusion.data.corpus import load_corpus
@@ -97,7 +91,7 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
     dataset = preset.data.source_name
     return StudySweep(
         sweep=sweep, preset=preset_name, experiment=R.PEFUSION_EXPERIMENT, space=space,
-        trainable=trainable or pefusion_trainable, ship=ship, csv=csv_ready,
+        trainable=trainable or pefusion_trainable, ship=ship,
         check_point=lambda point: check_trial_config(point, preset),
         static_params={R.DATASET: dataset, R.PRESET: preset_name, **flat_config(preset.model, preset.train),
                        **{k: getattr(preset.data, k) for k in (*TOKENIZER_KEYS, SPLIT_PER_SEED)}},
@@ -108,7 +102,7 @@ def pefusion_study(sweep: str, preset_name: str, preset: Preset, space: SearchSp
         labels={"batch_size": "batch"}, best_metric=R.BEST_VAL_ACC, describe=line,
         planned_epochs=lambda config: int(config.get("max_epochs", preset.train.max_epochs)),
         may_end_early=lambda config: bool(config.get("early_stopping", preset.train.early_stopping)),
-        results_file="results_by_seed", tables=lambda rows: {"results_aggregated": aggregate_rows(rows)},
+        results_file="results_by_seed",
         gpu_probe=functools.partial(largest_trial_peak, base=preset),
         resolved_keys=(R.DEVICE, R.PRECISION, R.PAD_MULTIPLE),
         stackable=None if search.get("metric") else R.SEED,  # a search judges each trial by one metric
@@ -133,7 +127,7 @@ def corpus_settings(space: SearchSpace, preset: Preset) -> dict[str, DataConfig]
 def lr_batch_study(preset_name: str, preset: Preset, space: SearchSpace, plan: SearchPlan, cpus: float) -> StudySweep:
     """A learning-rate × batch-size search over `space` under `plan`'s scheduler and search algorithm, each trial
     for at most `plan.max_t` epochs with ASHA-style schedulers the only early stopping (the paper's in-trial
-    patience off, so that the epoch accounting is exact); the parent run gets the epoch budget's summary."""
+    patience off, so that the epoch accounting is exact)."""
     preset = dataclasses.replace(preset, train=dataclasses.replace(preset.train, max_epochs=plan.max_t,
                                                                    early_stopping=False))
     objective = Objective(metric=R.OPTIMISED_METRIC, mode=R.OPTIMISED_MODE, time_attr=R.EPOCH, checkpoints=True,
@@ -142,19 +136,5 @@ def lr_batch_study(preset_name: str, preset: Preset, space: SearchSpace, plan: S
     study = pefusion_study("lr_batch_asha", preset_name, preset, space, cpus, describe=True,
                            **build(plan, objective, space))
     stops, early_stopping = plan.scheduler in EARLY_STOPPING, study.may_end_early  # ASHA, HyperBand stop trials
-    return dataclasses.replace(study, parent_metrics=lambda rows: budget_summary(rows, plan.max_t),
-                               may_end_early=lambda config: stops or early_stopping(config))
+    return dataclasses.replace(study, may_end_early=lambda config: stops or early_stopping(config))
 
-
-def as_trial_frame(rows: pd.DataFrame) -> pd.DataFrame:
-    """The sweep's rows in the shape `pefusion.analysis` reads from MLflow (one implementation of the tables)."""
-    return rows.assign(**{RUN_ID: rows["trial_id"].astype(str),
-                          START_TIME: rows["started_at"] if "started_at" in rows else 0.0})
-
-
-def aggregate_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """Table 1 of the sweep (accuracies in %), or for a search the trials best first."""
-    frame = as_trial_frame(rows)
-    if (frame[R.STATUS] == R.STATUS_OK).any() and frame[[R.PE_TYPE, R.FUSION]].drop_duplicates().shape[0] > 1:
-        return table1(frame)
-    return search_table(frame)

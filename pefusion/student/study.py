@@ -1,8 +1,8 @@
 """Study B as the sweep engine sees it: the `StudySweep` of a λ cross-validation or phase-diagram grid
 (`student_study`) and of a λ search at one point (`lambda_search_space`, `lambda_search_study`).
 
-The study's wiring, above the engine and the analysis; the command lines (`pefusion.cli.student`) parse the flags
-into a preset, a search space and a plan, and print what it returns. The trainables (torch, Ray) are imported as
+The study's wiring, above the engine and below the analysis; the command lines (`pefusion.cli.student`) parse the
+flags into a preset, a search space and a plan, give the CSVs their paper form, and print what it returns. The trainables (torch, Ray) are imported as
 a study is made, so that a search plan is checked before they load.
 """
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import pandas as pd
 
 from pefusion import record as R
-from pefusion.analysis.formats import csv_ready
 from pefusion.student.config import CV_KEYS, StudentPreset, point_config
 from pefusion.sweep.console import counted
 from pefusion.sweep.search import Objective, SearchPlan, build, check
@@ -30,7 +29,7 @@ def student_study(sweep: str, preset_name: str, preset: StudentPreset, space: Se
     shown = R.EPS_G if sweep == "lambda_cv" else f"{R.EPS_G}_semantic"
     return StudySweep(
         sweep=sweep, preset=preset_name, experiment=R.STUDENT_EXPERIMENT, space=space, trainable=trainables[sweep],
-        ship=lambda: {"preset": preset, "cpus": cpus}, csv=csv_ready,
+        ship=lambda: {"preset": preset, "cpus": cpus},
         check_point=lambda point: point_config(point, preset), static_params={**preset.point, **preset.cv},
         identity=preset.point, sort_keys=(R.OMEGA, R.ALPHA, R.INIT, R.SEED), run_name=student_run_name,
         shown={shown: lambda v: f"{shown} {v:.4g}"}, timer=plan_timer(sweep, preset, cpus),
@@ -79,7 +78,7 @@ def lambda_search_study(preset_name: str, preset: StudentPreset, space: SearchSp
 
     return StudySweep(
         sweep="lambda_cv", preset=preset_name, experiment=R.STUDENT_EXPERIMENT, space=space,
-        trainable=lambda_trial_trainable, csv=csv_ready,
+        trainable=lambda_trial_trainable,
         ship=lambda: {"preset": preset, "cpus": cpus},
         check_point=lambda point: point_config(point, preset),
         static_params={**preset.point, "folds": preset.cv["folds"]}, identity=preset.point, sort_keys=(R.LAMBDA,),
