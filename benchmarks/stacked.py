@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from pefusion.data.corpus import load_corpus
     from pefusion.sweep.options import SweepOptions
-    from pefusion.sweep.tuner import start_ray
+    from pefusion.sweep.cluster import start_ray
 
     space = load_search_space(SPACE, PEFUSION_RULES)
     for key, values in ((R.PE_TYPE, args.pe_types), (R.FUSION, args.fusions), (R.SEED, args.seeds)):

@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pefusion.fusion.study import pefusion_study
     from pefusion.sweep.driver import run_sweep
     from pefusion.sweep.options import SweepOptions
-    from pefusion.sweep.tuner import start_ray
+    from pefusion.sweep.cluster import start_ray
 
     with tempfile.TemporaryDirectory() as tmp:
         opts = SweepOptions(sweep="bench", experiment="bench", storage_path=f"{tmp}/ray", cpus_per_trial=1.0,

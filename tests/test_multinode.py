@@ -316,7 +316,7 @@ def test_the_dashboard_of_a_cluster_the_gpu_probe_joined_first_is_still_printed(
 
     from pefusion.sweep import cluster as joining
     from pefusion.sweep.options import SweepOptions
-    from pefusion.sweep.tuner import start_cluster
+    from pefusion.sweep.cluster import start_cluster
 
     temp = Path(tempfile.mkdtemp(prefix="pfn-"))
     monkeypatch.setenv("RAY_TMPDIR", str(temp))

@@ -78,13 +78,14 @@ def run_arxiv_grid(args: argparse.Namespace, opts: SweepOptions) -> int:
                           f"its seeds share no data to train as one batched model: drop --stack-seeds (and any "
                           f"'stack' of seed in the search space)")
     from pefusion.fusion.study import pefusion_study
-    from pefusion.sweep.driver import plan_sweep, run_sweep
+    from pefusion.sweep.driver import run_settled
+    from pefusion.sweep.settle import settle
 
-    study = summarised(pefusion_study("arxiv_grid", args.preset, preset, space, opts.cpus_per_trial, describe=True))
+    study = pefusion_study("arxiv_grid", args.preset, preset, space, opts.cpus_per_trial, describe=True)
+    settled = settle(summarised(study), opts)  # with --plan: the plan printed, and nothing run
     if opts.plan:
-        plan_sweep(study, opts)
         return 0
-    result = run_sweep(study, opts, args.out)
+    result = run_settled(settled, args.out)
     print(summary_table(result.rows))
     print(f"results: {', '.join(map(str, result.paths))}\nRay experiment: {result.experiment_path}")
     return 0
@@ -100,14 +101,15 @@ def run_lr_batch_asha(args: argparse.Namespace, opts: SweepOptions) -> int:
     space = _load_space(args, opts, preset)
     from pefusion.analysis.search import budget_summary
     from pefusion.fusion.study import lr_batch_study
-    from pefusion.sweep.driver import plan_sweep, run_sweep
+    from pefusion.sweep.driver import run_settled
+    from pefusion.sweep.settle import settle
 
-    study = summarised(lr_batch_study(args.preset, preset, space, plan, opts.cpus_per_trial), max_t=plan.max_t)
-    if opts.plan:
-        plan_sweep(study, opts)
-        return 0
+    study = lr_batch_study(args.preset, preset, space, plan, opts.cpus_per_trial)
     opts.tags[R.TAG_SCHEDULER] = args.scheduler  # the report names who spent the epoch budget
-    result = run_sweep(study, opts, args.out)
+    settled = settle(summarised(study, max_t=plan.max_t), opts)  # with --plan: the plan printed, and nothing run
+    if opts.plan:
+        return 0
+    result = run_settled(settled, args.out)
 
     rows, summary = result.rows, budget_summary(result.rows, plan.max_t)
     ok = rows[rows[R.STATUS].isin(R.SUCCESS_STATUSES)].dropna(subset=[R.VAL_ACC])

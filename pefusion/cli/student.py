@@ -84,13 +84,14 @@ def run_student_sweep(sweep: str, args: argparse.Namespace, opts: SweepOptions) 
     # Here, after the checks above: the engine and the trainables import torch and Ray (`--help` and input errors
     # answer without them).
     from pefusion.student.study import student_study
-    from pefusion.sweep.driver import plan_sweep, run_sweep
+    from pefusion.sweep.driver import run_settled
+    from pefusion.sweep.settle import settle
 
-    study = in_paper_form(student_study(sweep, args.preset, preset, space, opts.cpus_per_trial))
+    study = student_study(sweep, args.preset, preset, space, opts.cpus_per_trial)
+    settled = settle(in_paper_form(study), opts)  # with --plan: the plan printed, and nothing run
     if opts.plan:
-        plan_sweep(study, opts)
         return 0
-    result = run_sweep(study, opts, args.out)
+    result = run_settled(settled, args.out)
     rows = result.rows
     n_failed = int((rows[R.STATUS] != R.STATUS_OK).sum())
     print(student_summary(rows))
@@ -106,13 +107,14 @@ def run_lambda_search(args: argparse.Namespace, opts: SweepOptions, preset: Stud
     import pandas as pd
 
     from pefusion.student.study import best_lambda, lambda_search_study
-    from pefusion.sweep.driver import plan_sweep, run_sweep
+    from pefusion.sweep.driver import run_settled
+    from pefusion.sweep.settle import settle
 
-    study = in_paper_form(lambda_search_study(args.preset, preset, space, search_plan(args), opts.cpus_per_trial))
+    study = lambda_search_study(args.preset, preset, space, search_plan(args), opts.cpus_per_trial)
+    settled = settle(in_paper_form(study), opts)  # with --plan: the plan printed, and nothing run
     if opts.plan:
-        plan_sweep(study, opts)
         return 0
-    result = run_sweep(study, opts, args.out)
+    result = run_settled(settled, args.out)
     rows, top = result.rows, best_lambda(result.rows)
     cols = [c for c in (R.LAMBDA, R.CV_ERROR_MEAN, R.CV_ERROR_STD, R.EPS_G, R.EPS_T, R.STATUS) if c in rows]
     with pd.option_context("display.width", 160, "display.max_rows", 400, "display.float_format", "{:.4g}".format):

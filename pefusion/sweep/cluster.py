@@ -1,4 +1,5 @@
-"""A running Ray cluster the sweep joins (`--address`), and what runs on its nodes before any trial: the GPU probe of
+"""The sweep's Ray cluster: started here or joined (`--address`), and checked for a node that holds one trial
+(`start_cluster`); and what runs on a joined cluster's nodes before any trial: the GPU probe of
 `--gpus-per-trial auto` (`probe_on_cluster`), on a GPU node of each kind of card the cluster has, so that a
 driver on a head node without a GPU packs the trials for the cards they will run on.
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from pefusion.errors import ConfigError
-from pefusion.sweep.gpus import GIB, CardReading, ProbeSite, measure, out_of_memory_refused
+from pefusion.sweep.gpus import GIB, CardReading, ProbeSite, check_resources, measure, out_of_memory_refused
+from pefusion.sweep.options import SweepOptions
 from pefusion.sweep.study import CardMemory, GpuProbe
+from pefusion.tracking.store import import_client_in_background
 
 ACCELERATOR = "accelerator_type:"  # the prefix of Ray's resource naming a node's kind of GPU
 UNLABELLED = "unlabelled GPU"
@@ -43,6 +46,47 @@ def join(address: str, verbose: int) -> str:
     url = ctx.dashboard_url or ""
     _DASHBOARDS[address] = url if not url or url.startswith("http") else "http://" + url
     return _DASHBOARDS[address]
+
+
+def start_ray(opts: SweepOptions) -> str:
+    """Join `--address` or start a local cluster with the dashboard on 127.0.0.1; returns the dashboard URL."""
+    import ray
+
+    if opts.address:  # joined already by `--gpus-per-trial auto`'s probe, or now
+        return join(opts.address, opts.verbose)
+    if ray.is_initialized():
+        return ""
+    ctx = ray.init(num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, include_dashboard=opts.dashboard,
+                   dashboard_host="127.0.0.1", log_to_driver=opts.verbose > 1, configure_logging=True,
+                   logging_level="WARNING")
+    url = ctx.dashboard_url or ""
+    return url if not url or url.startswith("http") else "http://" + url
+
+
+def cluster_gpus() -> float:
+    """The GPUs of the running Ray cluster's live nodes."""
+    import ray
+
+    return float(sum(n.get("Resources", {}).get("GPU", 0.0) for n in ray.nodes() if n.get("Alive")))
+
+
+def start_cluster(opts: SweepOptions) -> None:
+    """Ray for the sweep: the tracking client imported while Ray starts or joins `--address`, and the cluster
+    checked for a node that holds one trial's request (a ConfigError; the cluster this stopped, if it started it).
+    Call after `console.quiet`: Ray and MLflow set up their loggers as they start."""
+    import ray
+
+    import_client_in_background()  # while Ray starts
+    started_here = not ray.is_initialized()
+    dashboard = start_ray(opts)
+    try:  # what the cluster really has (a joined one, or a sweep inside a running ray.init)
+        check_resources(opts, [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")])
+    except ConfigError:
+        if started_here:
+            ray.shutdown()  # only what this command started
+        raise
+    if dashboard and opts.verbose:
+        print(f"Ray dashboard: {dashboard}  (token: `ray get-auth-token`)", flush=True)
 
 
 def gpu_nodes(nodes: Sequence[Mapping[str, Any]]) -> dict[str, str]:

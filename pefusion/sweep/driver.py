@@ -1,7 +1,7 @@
-"""The one sweep driver: settle the sweep, start or join Ray, record it, run or restore the Tuner, write the results,
-finish the parent.
+"""The one sweep driver: what `pefusion.sweep.settle` settled (the options, the probe, the plan), run: start or join
+Ray, record it, run or restore the Tuner, write the results, finish the parent.
 
-Every sweep of both studies runs through `run_sweep`, so what a sweep does at its end (and, later, on
+Every sweep of both studies runs through `run_settled` (`run_sweep`: settle, then run, in one call), so what a sweep does at its end (and, later, on
 interruptions and failures) is decided here once. The engine knows neither study: a study's command line hands it
 a `StudySweep` (`pefusion.sweep.study`: its MLflow experiment, the trainable and what it is shipped, a per-point
 check, the search space, its optimised metric, the params every child run records, how trials are named, identified
@@ -26,8 +26,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
-
 import pandas as pd
 
 from pefusion import record as R
@@ -35,17 +33,13 @@ from pefusion.errors import SweepInterrupted
 from pefusion.storage import path_name, redact
 from pefusion.sweep import console
 from pefusion.sweep.console import counted
-from pefusion.sweep.options import SweepOptions, is_remote
+from pefusion.sweep.options import SweepOptions
 from pefusion.sweep.outcomes import Outcomes, result_rows
 from pefusion.sweep.progress import Progress
-from pefusion.sweep.enginecost import engine_cost
-from pefusion.sweep.gpus import local_node
-from pefusion.sweep.plan import (SweepPlan, finished_configs, make_plan, process_age, time_trials,
-                                 trials_at_once)
-from pefusion.sweep.settle import SettledSweep, settle, settle_trials, validate
-from pefusion.sweep.space import grid_size
+from pefusion.sweep.settle import SettledSweep, settle
 from pefusion.sweep.study import StudySweep, varying_keys
-from pefusion.sweep.tuner import cluster_gpus, run_tune, start_cluster, tune_env
+from pefusion.sweep.cluster import cluster_gpus, start_cluster
+from pefusion.sweep.tuner import run_tune
 from pefusion.tracking.callbacks import MLflowRuns
 from pefusion.tracking.recorder import SweepRecorder
 from pefusion.tracking.store import TrackingError
@@ -64,14 +58,17 @@ class SweepResult:
 
 
 def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "results") -> SweepResult:
-    """Run (or with `opts.resume` continue) one sweep and write its results; see the module docstring. Its parent
-    run gets the card time the sweep held: from here (the GPU probe and Ray's start included) to its end, times the
-    cluster's GPUs (`SweepRecorder.log_card_time`)."""
-    start = time.monotonic()
-    settled = settle(study, opts)
-    study, opts = settled.study, settled.opts
-    shipped = study.ship()
-    plan = _say_plan(study, opts, shipped, start, settled.path, measure=False)
+    """One sweep in one call: `settle` it, then `run_settled` (what a script that has no `--plan` to stop at calls)."""
+    return run_settled(settle(study, opts), out_dir)
+
+
+def run_settled(settled: SettledSweep, out_dir: str | Path = "results") -> SweepResult:
+    """Run (or with `--resume` continue) the sweep `settle` settled and write its results; see the module
+    docstring. Its parent run gets the card time the sweep held: from the start of its settling (the GPU probe
+    included) to its end, times the cluster's GPUs (`SweepRecorder.log_card_time`)."""
+    if settled.opts.plan:
+        raise ValueError("a sweep settled for --plan is said, not run: settle it without opts.plan to run it")
+    study, opts, shipped, plan, start = settled.study, settled.opts, settled.shipped, settled.plan, settled.started
     console.quiet(settled.path, opts.verbose)  # Ray's and MLflow's messages to the experiment's driver.log
     start_cluster(opts)
     # Opened while Tune starts the trials' processes (both take seconds); a trial's first event waits for it.
@@ -125,46 +122,6 @@ def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "resu
     n_failed = int((~rows[R.STATUS].isin(R.SUCCESS_STATUSES)).sum()) if R.STATUS in rows else len(rows)
     recorder.finish_sweep({"n_trials": len(rows), "n_failed": n_failed, **study.parent_metrics(rows)})
     return result
-
-
-def plan_sweep(study: StudySweep, opts: SweepOptions) -> SweepPlan | None:
-    """`--plan`: what `run_sweep` would print before Ray starts (the points checked, GPUs per trial settled, the
-    data read and the trials timed), and nothing more: no Ray, no MLflow run, no experiment folder."""
-    start = time.monotonic()
-    path = settle(study, opts).path if opts.resume else None  # (a resumed sweep's folder, checked)
-    validate(study)
-    study, opts = settle_trials(study, opts)
-    return _say_plan(study, opts, (study.plan_ship or study.ship)(), start, path, measure=True)
-
-
-def _say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any], start: float,
-              path: str | None, measure: bool) -> SweepPlan | None:
-    """Print the sweep's description, its stacking, and its plan (`pefusion.sweep.plan`; None for a study that
-    cannot time its trials): the engine's costs measured on this machine unless the sweep joins a cluster, and
-    for a resumed sweep (its experiment at `path`) the trials it has left. `start`: the sweep's `time.monotonic()`
-    at its start, from which its wall time is counted. `measure`: whether Ray's costs may be measured now (`--plan`)
-    or only taken as `--plan` kept them (a sweep: a tiny Ray sweep before its own would cost more than it tells)."""
-    line = study.describe(shipped)
-    if line:
-        print(line, flush=True)
-    stacked = study.space.stacked_key()
-    if stacked:
-        values = study.space[stacked].values
-        print(f"{stacked} {', '.join(map(str, values))} stacked: each of the {grid_size(study.space)} trials trains "
-              f"its {len(values)} runs together, as one batched model", flush=True)
-    if study.timer is None:
-        return None
-    timing = time_trials(study, opts, shipped)
-    at_once, _ = trials_at_once(opts.cpus_per_trial, opts.gpus_per_trial, local_node(opts), opts.max_concurrent,
-                                grid_size(study.space) * study.num_samples)
-    cost = None if opts.address else engine_cost(at_once, tune_env(), study.trainable.__module__,
-                                                 measure_now=measure)
-    finished = finished_configs(path) if opts.resume and path and not is_remote(opts) else []
-    so_far, age = time.monotonic() - start, process_age()
-    plan = make_plan(study, opts, timing, cost=cost, so_far=so_far, before=age - so_far if age else None,
-                     finished=finished)
-    print("\n".join(plan.lines), flush=True)
-    return plan
 
 
 def _interrupted(result: SweepResult, path: Path, settled: SettledSweep, recorder: SweepRecorder,

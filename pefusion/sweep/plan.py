@@ -20,6 +20,7 @@ measures), core-hours on CPUs (Σ trial seconds × CPUs per trial: the report's 
 from __future__ import annotations
 
 import heapq
+import time
 import json
 import math
 import os
@@ -29,9 +30,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pefusion import record as R
 from pefusion.sweep.console import counted
-from pefusion.sweep.enginecost import EngineCost
+from pefusion.sweep.enginecost import EngineCost, engine_cost, tune_env
 from pefusion.sweep.gpus import in_fresh_process, local_node
-from pefusion.sweep.options import SweepOptions
+from pefusion.sweep.options import SweepOptions, is_remote
 from pefusion.sweep.space import Constant, Grid, Stack, grid_size
 from pefusion.sweep.study import StudySweep, Timing
 
@@ -248,3 +249,33 @@ def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing, *, cost: En
 def _same_point(point: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
     """Whether a trial's `config` (as Tune stored it: JSON) is the space's `point`."""
     return all(k in config and config[k] == (list(v) if isinstance(v, tuple) else v) for k, v in point.items())
+
+
+def say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any], start: float,
+             path: str | None, measure: bool) -> SweepPlan | None:
+    """Print the sweep's description, its stacking, and its plan (`make_plan`; None for a study that
+    cannot time its trials): the engine's costs measured on this machine unless the sweep joins a cluster, and
+    for a resumed sweep (its experiment at `path`) the trials it has left. `start`: the sweep's `time.monotonic()`
+    at its start, from which its wall time is counted. `measure`: whether Ray's costs may be measured now (`--plan`)
+    or only taken as `--plan` kept them (a sweep: a tiny Ray sweep before its own would cost more than it tells)."""
+    line = study.describe(shipped)
+    if line:
+        print(line, flush=True)
+    stacked = study.space.stacked_key()
+    if stacked:
+        values = study.space[stacked].values
+        print(f"{stacked} {', '.join(map(str, values))} stacked: each of the {grid_size(study.space)} trials trains "
+              f"its {len(values)} runs together, as one batched model", flush=True)
+    if study.timer is None:
+        return None
+    timing = time_trials(study, opts, shipped)
+    at_once, _ = trials_at_once(opts.cpus_per_trial, opts.gpus_per_trial, local_node(opts), opts.max_concurrent,
+                                grid_size(study.space) * study.num_samples)
+    cost = None if opts.address else engine_cost(at_once, tune_env(), study.trainable.__module__,
+                                                 measure_now=measure)
+    finished = finished_configs(path) if opts.resume and path and not is_remote(opts) else []
+    so_far, age = time.monotonic() - start, process_age()
+    plan = make_plan(study, opts, timing, cost=cost, so_far=so_far, before=age - so_far if age else None,
+                     finished=finished)
+    print("\n".join(plan.lines), flush=True)
+    return plan

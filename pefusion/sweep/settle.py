@@ -1,12 +1,18 @@
-"""One place that settles a sweep before Ray starts (`settle`): from a study and the options of its flags, every
-option as the sweep will run it, or a one-line ConfigError.
+"""One place that settles a sweep before Ray starts (`settle`): from a study and the options of its flags, in one
+pass, everything the sweep needs before it starts (every option as the sweep will run it, what its trials are
+shipped, its plan), or a one-line ConfigError. The driver runs what was settled (`pefusion.sweep.driver`).
 
 What it settles, in order: every point of the search space checked; the Ray experiment's name and folder (in object
 storage: the store reached), and for `--resume` that there is one to continue, saved by a version that this one
 resumes; the stackable key stacked or not; GPUs per trial (`auto`: measured here, or with `--address` on the
 cluster's GPU nodes, which joins it) and the request checked against the local cluster this command would start
 (`pefusion.sweep.gpus`; a joined cluster is checked once joined: only then are its nodes known); the MLflow
-tracking store (resolved and reachable) and experiment.
+tracking store (resolved and reachable) and experiment; what the trials are shipped (`StudySweep.ship`); the
+sweep's description and plan, printed (`pefusion.sweep.plan.say_plan`).
+
+`--plan` (`SweepOptions.plan`) settles what the plan needs and writes nothing: no experiment folder is checked
+(but the one a `--resume` continues) and no tracking store reached (but a `--resume`'s), the plan's data is the
+study's `plan_ship` where it has one, and Ray's costs are measured now if this machine has none kept.
 """
 from __future__ import annotations
 
@@ -19,11 +25,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
+
 from pefusion.errors import ConfigError
 from pefusion.storage import credentials_note, redact, without_credentials
 from pefusion.sweep.cluster import probe_on_cluster
 from pefusion.sweep.gpus import check_resources, local_node, resolve_gpus
 from pefusion.sweep.options import DEFAULT_STORAGE, SweepOptions, is_remote
+from pefusion.sweep.plan import SweepPlan, say_plan
 from pefusion.sweep.space import Stack
 from pefusion.sweep.study import StudySweep
 from pefusion.tracking.store import check_tracking, resolve_tracking_uri
@@ -42,29 +51,38 @@ class SettledSweep:
     name: str  # the Ray experiment, under the storage path
     path: str  # its folder: what --resume continues
     resume_command: str  # the line that continues it, from any folder where the command line gave one
+    shipped: Mapping[str, Any]  # what the trials are shipped (`StudySweep.ship`; for --plan, its `plan_ship`)
+    plan: SweepPlan | None  # what it will cost, as printed (None: a study that cannot time its trials)
+    started: float  # `time.monotonic()` as settling began: the sweep's wall and card time count from here
 
 
 def settle(study: StudySweep, opts: SweepOptions) -> SettledSweep:
-    """Every option of the sweep of `study` under `opts`, checked; see the module docstring."""
+    """Everything the sweep of `study` under `opts` needs before it starts, checked, and its plan printed; see the
+    module docstring. With `opts.plan` its `tracking_uri` is "" unless it resumes: it is not run."""
+    started = time.monotonic()
     validate(study)
+    write = not opts.plan or opts.resume  # a sweep, or the folder and store a --plan --resume continues
     name = experiment_name(opts, study.preset)
     path, resume = experiment_path(storage_root(opts), name), resume_command(opts, name)
-    if is_remote(opts):
+    if is_remote(opts) and write:
         check_object_store(path, name, opts)
     elif opts.resume:
         check_restorable(path, name, opts)
-    elif Path(path).exists():
+    elif write and Path(path).exists():
         raise ConfigError(f"experiment {redact(path)} exists: pass --resume to continue it, or another --name")
     study, opts = settle_trials(study, opts)
-    uri = resolve_tracking_uri(opts.tracking_uri)
-    check_tracking(uri)
-    return SettledSweep(study, opts, uri, opts.experiment or study.experiment, name, path, resume)
+    uri = resolve_tracking_uri(opts.tracking_uri) if write else ""
+    if write:
+        check_tracking(uri)
+    shipped = (study.plan_ship or study.ship)() if opts.plan else study.ship()
+    plan = say_plan(study, opts, shipped, started, path, measure=opts.plan)
+    return SettledSweep(study, opts, uri, opts.experiment or study.experiment, name, path, resume, shipped, plan,
+                        started)
 
 
 def settle_trials(study: StudySweep, opts: SweepOptions) -> tuple[StudySweep, SweepOptions]:
     """The trials as they will run, before anything is written: the stackable key stacked or not, GPUs per trial
-    (`auto`: measured) and the request checked against the local cluster this command would start (what `--plan`
-    needs as well)."""
+    (`auto`: measured) and the request checked against the local cluster this command would start."""
     study = resolve_stacking(study, opts)
     site = probe_on_cluster(opts.address, opts.verbose, opts.autoscaling) if opts.address else None
     opts = resolve_gpus(study, opts, site)

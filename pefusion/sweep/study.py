@@ -1,4 +1,6 @@
-"""What a study hands the engine for one sweep (`StudySweep`), and what the engine reads off it.
+"""What a study hands the engine for one sweep (`StudySweep`), and what the engine reads off it, with the shapes of
+what its GPU probe and its timer give (`GpuProbe`, `CardMemory`, `Timing`): plain values on the engine's bottom
+floor, which the floors that measure and plan read.
 
 Everything study-specific lives here as data: the MLflow experiment, the trainable and what it is shipped, the
 search space, the optimised metric and mode, how a trial is named, identified and shown in the progress lines.

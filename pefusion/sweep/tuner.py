@@ -1,7 +1,7 @@
-"""Ray Tune plumbing: the cluster (started or joined, and checked), the trainable's error guard, the callbacks of
-the driver that runs a sweep, and the Tuner (new or restored) under a SIGTERM that acts as Ctrl-C.
+"""Ray Tune plumbing: the trainable's error guard, the callbacks of the driver that runs a sweep, and the Tuner (new
+or restored) under a SIGTERM that acts as Ctrl-C, on the cluster `pefusion.sweep.cluster.start_cluster` made.
 
-`pefusion.sweep.driver.run_sweep` is the only caller of `start_cluster` and `run_tune`; the study states *what*
+`pefusion.sweep.driver.run_settled` is the only caller of `run_tune`; the study states *what*
 to search (a param space, a trainable, a scheduler: `pefusion.sweep.study.StudySweep`), `pefusion.sweep.settle`
 settles how, and this module does it the same way for every sweep. Current Ray API only:
 `ray.tune.report`, `ray.tune.get_checkpoint`, `tune.Tuner`, `tune.TuneConfig`, `tune.RunConfig`,
@@ -24,51 +24,11 @@ from ray.tune.callback import CallbackList
 from ray.tune.logger import JsonLoggerCallback
 
 from pefusion import record as R
-from pefusion.errors import ConfigError
-from pefusion.sweep.cluster import join
 from pefusion.sweep.enginecost import tune_env
-from pefusion.sweep.options import SweepOptions
 from pefusion.sweep.search import checkpoints_to_keep
-from pefusion.sweep.gpus import check_resources
 from pefusion.sweep.settle import SettledSweep, storage_root
 from pefusion.sweep.space import to_tune
-from pefusion.tracking.store import import_client_in_background
 from pefusion.tracking.trials import error_summary
-
-
-def start_ray(opts: SweepOptions) -> str:
-    """Join `--address` or start a local cluster with the dashboard on 127.0.0.1; returns the dashboard URL."""
-    if opts.address:  # joined already by `--gpus-per-trial auto`'s probe, or now
-        return join(opts.address, opts.verbose)
-    if ray.is_initialized():
-        return ""
-    ctx = ray.init(num_cpus=opts.num_cpus, num_gpus=opts.num_gpus, include_dashboard=opts.dashboard,
-                   dashboard_host="127.0.0.1", log_to_driver=opts.verbose > 1, configure_logging=True,
-                   logging_level="WARNING")
-    url = ctx.dashboard_url or ""
-    return url if not url or url.startswith("http") else "http://" + url
-
-
-def cluster_gpus() -> float:
-    """The GPUs of the running Ray cluster's live nodes."""
-    return float(sum(n.get("Resources", {}).get("GPU", 0.0) for n in ray.nodes() if n.get("Alive")))
-
-
-def start_cluster(opts: SweepOptions) -> None:
-    """Ray for the sweep: the tracking client imported while Ray starts or joins `--address`, and the cluster
-    checked for a node that holds one trial's request (a ConfigError; the cluster this stopped, if it started it).
-    Call after `console.quiet`: Ray and MLflow set up their loggers as they start."""
-    import_client_in_background()  # while Ray starts
-    started_here = not ray.is_initialized()
-    dashboard = start_ray(opts)
-    try:  # what the cluster really has (a joined one, or a sweep inside a running ray.init)
-        check_resources(opts, [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")])
-    except ConfigError:
-        if started_here:
-            ray.shutdown()  # only what this command started
-        raise
-    if dashboard and opts.verbose:
-        print(f"Ray dashboard: {dashboard}  (token: `ray get-auth-token`)", flush=True)
 
 
 def catching_errors(trainable: Callable[..., None], metric: str | None = None) -> Callable[..., None]:
