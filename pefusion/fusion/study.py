@@ -3,8 +3,9 @@ learning-rate × batch-size search under a scheduler (`lr_batch_study`).
 
 The study's wiring, above the engine and below the analysis: it says what its trials are; the command lines
 (`pefusion.cli.fusion`) parse the flags into a preset, a search space and a plan, add the end-of-sweep summary the
-analysis makes of the rows (Table 1, or a search's trials best first; the CSVs' paper form), and print it. The trainable and the GPU
-probe (torch, Ray) are imported as a study is made, so that a search plan is checked before they load.
+analysis makes of the rows (Table 1, or a search's trials best first; the CSVs' paper form), and print it. The
+trainable and the GPU probe (torch, Ray) are imported as a study is made, so that a search plan is checked before
+they load.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 (`student_study`) and of a λ search at one point (`lambda_search_space`, `lambda_search_study`).
 
 The study's wiring, above the engine and below the analysis; the command lines (`pefusion.cli.student`) parse the
-flags into a preset, a search space and a plan, give the CSVs their paper form, and print what it returns. The trainables (torch, Ray) are imported as
-a study is made, so that a search plan is checked before they load.
+flags into a preset, a search space and a plan, give the CSVs their paper form, and print what it returns. The
+trainables (torch, Ray) are imported as a study is made, so that a search plan is checked before they load.
 """
 from __future__ import annotations
 

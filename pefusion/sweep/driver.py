@@ -1,8 +1,8 @@
 """The one sweep driver: what `pefusion.sweep.settle` settled (the options, the probe, the plan), run: start or join
 Ray, record it, run or restore the Tuner, write the results, finish the parent.
 
-Every sweep of both studies runs through `run_settled` (`run_sweep`: settle, then run, in one call), so what a sweep does at its end (and, later, on
-interruptions and failures) is decided here once. The engine knows neither study: a study's command line hands it
+Every sweep of both studies runs through `run_settled` (`run_sweep`: settle, then run, in one call), so what a
+sweep does at its end (and, later, on interruptions and failures) is decided here once. The engine knows neither study: a study's command line hands it
 a `StudySweep` (`pefusion.sweep.study`: its MLflow experiment, the trainable and what it is shipped, a per-point
 check, the search space, its optimised metric, the params every child run records, how trials are named, identified
 and shown, and for `--gpus-per-trial auto` a probe of its largest trial's GPU memory) and the `SweepOptions` of the
@@ -15,7 +15,7 @@ logged to the sweep's MLflow parent run, which is then finished with the counts 
 What goes wrong is decided here too (docs/operations.md). Ctrl-C or SIGTERM: Tune saves the experiment, the trials
 keep their last epoch checkpoint, the results CSV lists every trial with its own configuration and
 `interrupted`/`pending` for those that did not finish, their MLflow runs and the parent are KILLED (never
-FINISHED), and `run_sweep` raises `SweepInterrupted` with the line to print (the exact `--resume` command); the
+FINISHED), and `run_settled` raises `SweepInterrupted` with the line to print (the exact `--resume` command); the
 command exits 130. A trial whose process or node is lost is restarted from its last checkpoint up to
 `--max-failures` times; an exception of its own code is recorded once as 'error' (`catching_errors`). A request no
 node can hold is refused before any trial starts (`pefusion.sweep.gpus.check_resources`). MLflow writes wait out an

@@ -25,7 +25,7 @@ class SweepOptions:
     storage_path: str = DEFAULT_STORAGE
     address: str | None = None  # None: a new local cluster; "auto": a running `ray start --head`
     cpus_per_trial: float = 1.0
-    # A number, "auto", or None (the flag left out: auto, quiet for a study whose trials use no GPU): `run_sweep`
+    # A number, "auto", or None (the flag left out: auto, quiet for a study whose trials use no GPU): `settle`
     # decides auto's number before Ray starts (`pefusion.sweep.gpus.resolve_gpus`).
     gpus_per_trial: float | str | None = None
     num_cpus: int | None = None  # CPUs a *local* cluster declares (default: all)

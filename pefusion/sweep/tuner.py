@@ -120,8 +120,8 @@ def run_tune(settled: SettledSweep, shipped: Mapping[str, Any], callbacks: Seque
 
 @contextlib.contextmanager
 def _tune_env() -> Iterator[None]:
-    """`tune_env()` (`TUNE_ENV` where the user set none), and Tune without its default TensorBoard and CSV loggers, while the
-    Tuner is made and runs.
+    """`tune_env()` (its `TUNE_ENV` where the user set none), and Tune without its default TensorBoard and CSV
+    loggers, while the Tuner is made and runs.
 
     Why no default loggers: they write every result on the driver's loop (an event file and a writer thread per
     trial, progress.csv), and nothing here reads them; the JSON logger stays (`run_tune` passes it). Scoped to the
