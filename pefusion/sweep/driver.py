@@ -2,11 +2,11 @@
 Ray, record it, run or restore the Tuner, write the results, finish the parent.
 
 Every sweep of both studies runs through `run_settled` (`run_sweep`: settle, then run, in one call), so what a
-sweep does at its end (and, later, on interruptions and failures) is decided here once. The engine knows neither study: a study's command line hands it
-a `StudySweep` (`pefusion.sweep.study`: its MLflow experiment, the trainable and what it is shipped, a per-point
-check, the search space, its optimised metric, the params every child run records, how trials are named, identified
-and shown, and for `--gpus-per-trial auto` a probe of its largest trial's GPU memory) and the `SweepOptions` of the
-flags every sweep shares.
+sweep does at its end (and, later, on interruptions and failures) is decided here once. The engine knows neither
+study: a study's command line hands it a `StudySweep` (`pefusion.sweep.study`: its MLflow experiment, the trainable
+and what it is shipped, a per-point check, the search space, its optimised metric, the params every child run
+records, how trials are named, identified and shown, and for `--gpus-per-trial auto` a probe of its largest trial's
+GPU memory) and the `SweepOptions` of the flags every sweep shares.
 
 A sweep ends the same way whatever the study: `<out>/<name>_<results_file>.csv` with one row per trial (failed
 ones with their error, never dropped), the tables the caller derives from those rows as `<name>_<key>.csv`, all
