@@ -59,7 +59,8 @@ class SweepResult:
 
 def run_sweep(study: StudySweep, opts: SweepOptions, out_dir: str | Path = "results") -> SweepResult:
     """One sweep in one call: `settle` it, then `run_settled` (what a script that has no `--plan` to stop at calls)."""
-    return run_settled(settle(study, opts), out_dir)
+    settled = settle(study, opts)
+    return run_settled(settled, out_dir)
 
 
 def run_settled(settled: SettledSweep, out_dir: str | Path = "results") -> SweepResult:
