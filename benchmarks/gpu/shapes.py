@@ -62,4 +62,3 @@ def measure_shapes(plan: Plan, model: str, precision: str, variant: str, n: int,
         new, seen = (1000.0 * s / len(lengths) for s in passes)
         line.update(new_ms_per_step=new, seen_ms_per_step=seen, new_over_seen=new / seen)
     return line
-

@@ -97,4 +97,3 @@ def warm_up(plan: Plan, trainer: Trainer, batching: str) -> dict[str, int]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         run_steps(trainer, (batches[i % len(batches)] for i in range(plan.warmup)))
     return attention_kernels(prof.events())
-
