@@ -18,12 +18,16 @@ import pandas as pd
 
 from pefusion import record as R
 from pefusion.analysis import compute as CO
-from pefusion.analysis import figures as F
 from pefusion.analysis import formats as FM
 from pefusion.analysis import fusion_tables as FT
 from pefusion.analysis import runs as RU
 from pefusion.analysis import search as SE
 from pefusion.analysis import student_tables as ST
+from pefusion.analysis.figures.canvas import save_figure
+from pefusion.analysis.figures.fusion import paired_delta_figure, pefusion_figures
+from pefusion.analysis.figures.search import search_budget_figure, search_parallel_figure, search_score_figure
+from pefusion.analysis.figures.student import student_figures
+from pefusion.analysis.figures.utilisation import utilisation_figure
 from pefusion.student.theory import CACHE_ALPHA_C, CACHE_POINTS, Solver
 from pefusion.tracking.store import log_artifacts_to_run, ui_link
 
@@ -98,7 +102,7 @@ def write_paired_deltas(trials: pd.DataFrame, out: str | Path, baseline: str = "
         paths.append(FM.write_csv(summary, out / f"paired_deltas_{slug}.csv"))
         paths.append(FM.write_csv(per_seed, out / f"paired_deltas_per_seed_{slug}.csv"))
         for pe in dict.fromkeys(summary["pe_type"]) if figures else ():
-            paths.append(F.save_figure(F.paired_delta_figure(summary, per_seed, pe, dataset), out / "figures",
+            paths.append(save_figure(paired_delta_figure(summary, per_seed, pe, dataset), out / "figures",
                                        f"paired_deltas_{slug}_{FM.dataset_slug(pe)}"))
     return paths
 
@@ -159,10 +163,10 @@ def write_figures(trials: pd.DataFrame, out: str | Path, baseline: str = "add", 
     paths: list[Path] = []
     if len(RU.pefusion_runs(trials)):
         for _, runs in _per_dataset(trials):
-            paths += F.pefusion_figures(runs, Path(out) / "figures", baseline)
+            paths += pefusion_figures(runs, Path(out) / "figures", baseline)
     if len(RU.student_runs(trials)):
         student, alpha_c_theory = student_with_theory(trials, out, theory)
-        paths += F.student_figures(student, Path(out) / "figures", alpha_c, alpha_l, alpha_c_theory)
+        paths += student_figures(student, Path(out) / "figures", alpha_c, alpha_l, alpha_c_theory)
     if not paths:
         raise RU.AnalysisError("the trial runs have neither PE-fusion params (dataset, pe_type, fusion, seed) nor "
                                "student params (alpha, seed): nothing to plot")
@@ -301,7 +305,7 @@ def _student_sections(trials: pd.DataFrame, out: Path, alpha_c: Curve | None, al
     if theory is not None:
         say(f"report: the d → ∞ theory ready in {time.perf_counter() - started:.0f} s")
     written = _student_tables(student, alpha_c_theory, out, alpha_c)
-    figures = F.student_figures(student, out / "figures", alpha_c, alpha_l, alpha_c_theory)
+    figures = student_figures(student, out / "figures", alpha_c, alpha_l, alpha_c_theory)
     deltas = ST.student_deltas(student)
     delta_summary = ST.student_delta_summary(deltas)
     published = "" if alpha_c else " (published α_c(ω) unavailable: pefusion.student has no ALPHA_C_PUBLISHED)"
@@ -390,7 +394,7 @@ def compute_section(trials: pd.DataFrame, epochs: pd.DataFrame, system: pd.DataF
     utilisation over the sweep when its parent run has system metrics (`system`: runs.system_points). Nothing
     when the runs recorded no cost and there are no system metrics."""
     table = CO.compute_table(trials, epochs)
-    figure = F.utilisation_figure(system)
+    figure = utilisation_figure(system)
     if table.empty and figure is None:
         return [], []
     parts, written = ["<h2>Compute</h2>"], []
@@ -404,7 +408,7 @@ def compute_section(trials: pd.DataFrame, epochs: pd.DataFrame, system: pd.DataF
                                  "training document once); the peak memory torch held on the GPU in any epoch "
                                  "(CUDA runs only); its wall time and hours."))
     if figure is not None:
-        png = F.save_figure(figure, out / "figures", "utilisation")
+        png = save_figure(figure, out / "figures", "utilisation")
         written.append(png)
         parts.append(_image_html(png, "MLflow's system metrics of the sweep's parent run: the whole machine's CPU "
                                       f"and each GPU as NVML sees it, every process included. {R.GPU_BUSY_LABEL}."))
@@ -438,11 +442,11 @@ def _search_sections(sweep: RU.Sweep, out: Path) -> tuple[list[str], list[Path]]
     parts.append(f"<h2>Validation accuracy against the searched keys</h2><p class='muted'>{len(points.frame)} "
                  f"finished trials (ok, or stopped early by the scheduler) scored by their best epoch's validation "
                  f"accuracy; failed trials are left out.{html.escape(unscored)}</p>")
-    figure = F.search_score_figure(points)
+    figure = search_score_figure(points)
     if figure is None:
         parts.append("<p class='note'>No searched key varies among the scored trials: nothing to plot.</p>")
     else:
-        png = F.save_figure(figure, out / "figures", "search_scores")
+        png = save_figure(figure, out / "figures", "search_scores")
         written.append(png)
         parts.append(_image_html(png, "Read off which values of each key gave the best validation accuracy; "
                                       "hollow markers are trials the scheduler stopped early, so their accuracy is "
@@ -459,9 +463,9 @@ def _search_sections(sweep: RU.Sweep, out: Path) -> tuple[list[str], list[Path]]
                      f"the best validation accuracy each key explains on its own (the shares sum to 1).</p>")
         parts.append(_table_html(FM.display(importances)))
 
-    figure = F.search_parallel_figure(points)
+    figure = search_parallel_figure(points)
     if figure is not None:
-        png = F.save_figure(figure, out / "figures", "search_parallel_coordinates")
+        png = save_figure(figure, out / "figures", "search_parallel_coordinates")
         written.append(png)
         parts.append("<h2>Parallel coordinates</h2>")
         parts.append(_image_html(png, "Follow the brightest lines to see which combination of values reached "
@@ -474,7 +478,7 @@ def _search_sections(sweep: RU.Sweep, out: Path) -> tuple[list[str], list[Path]]
                      f"no {R.EPOCHS_FULL_BUDGET}.</p>")
     else:
         parts.append(f"<p><b>{html.escape(budget_line(budget, tags.get(R.TAG_SCHEDULER)))}</b></p>")
-        png = F.save_figure(F.search_budget_figure(budget), out / "figures", "search_budget")
+        png = save_figure(search_budget_figure(budget), out / "figures", "search_budget")
         written.append(png)
         parts.append(_image_html(png, "Read off how many epochs each trial cost against max_t (dashed line): "
                                       "the gap between a bar and the line is what early stopping saved."))
