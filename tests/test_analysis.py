@@ -24,7 +24,7 @@ from pefusion.analysis import published as PB
 from pefusion.analysis import runs as RU
 from pefusion.analysis import search as SE
 from pefusion.analysis import student_tables as ST
-from pefusion.analysis.report import build_report, notes
+from pefusion.analysis.report.page import build_report, notes
 from pefusion.errors import ConfigError
 
 from conftest import REPO, load_script
@@ -531,7 +531,7 @@ def test_user_errors_exit_2_with_one_line(store, tmp_path):
 def test_analysis_csvs_read_back_rounded_with_units(trials, tmp_path):
     """Every CSV the PE-fusion analysis writes, read back as text: accuracies in % under `_pct` headers and
     deltas in points under `_pp`, 2 decimals at most, counts as integers; values against a computation here."""
-    from pefusion.analysis.report import write_paired_deltas, write_pefusion_summaries, write_table1
+    from pefusion.analysis.outputs import write_paired_deltas, write_pefusion_summaries, write_table1
 
     paths = write_table1(trials, tmp_path) + write_paired_deltas(trials, tmp_path, figures=False)
     paths += write_pefusion_summaries(trials, tmp_path)

@@ -11,7 +11,8 @@ from pefusion import record as R
 from pefusion.analysis import runs as RU
 from pefusion.analysis import search as SE
 from pefusion.analysis.figures.search import search_parallel_figure, search_score_figure
-from pefusion.analysis.report import budget_line, build_report
+from pefusion.analysis.report.page import build_report
+from pefusion.analysis.report.search import budget_line
 
 from conftest import REPO
 

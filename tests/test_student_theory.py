@@ -474,7 +474,7 @@ def test_report_puts_the_theory_beside_a_phase_diagram_sweep_and_logs_it(tmp_pat
 
     from pefusion import record as R
     from pefusion.analysis import runs as RU
-    from pefusion.analysis.report import build_report
+    from pefusion.analysis.report.page import build_report
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
