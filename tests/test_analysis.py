@@ -24,7 +24,7 @@ from pefusion.analysis import published as PB
 from pefusion.analysis import runs as RU
 from pefusion.analysis import search as SE
 from pefusion.analysis import student_tables as ST
-from pefusion.analysis.report import build_report, notes
+from pefusion.analysis.report.page import build_report, notes
 from pefusion.errors import ConfigError
 
 from conftest import REPO, load_script
@@ -531,7 +531,7 @@ def test_user_errors_exit_2_with_one_line(store, tmp_path):
 def test_analysis_csvs_read_back_rounded_with_units(trials, tmp_path):
     """Every CSV the PE-fusion analysis writes, read back as text: accuracies in % under `_pct` headers and
     deltas in points under `_pp`, 2 decimals at most, counts as integers; values against a computation here."""
-    from pefusion.analysis.report import write_paired_deltas, write_pefusion_summaries, write_table1
+    from pefusion.analysis.outputs import write_paired_deltas, write_pefusion_summaries, write_table1
 
     paths = write_table1(trials, tmp_path) + write_paired_deltas(trials, tmp_path, figures=False)
     paths += write_pefusion_summaries(trials, tmp_path)
@@ -764,7 +764,7 @@ def test_alpha_c_interval_at_the_grids_edges_with_two_seeds_and_two_alphas():
 
 
 def test_the_phase_map_draws_each_alpha_c_interval_with_an_arrow_where_it_is_open():
-    from pefusion.analysis import figures as F
+    from pefusion.analysis.figures.phase_map import phase_diagram_figure
 
     rising = {0.5: [-3.0, -2.5, -3.5], 0.75: [-1.5, -1.0, -2.0], 1.0: [-0.6, 0.4, 0.1], 1.25: [0.9, 1.2, 1.0],
               1.5: [2.5, 3.0, 3.3]}
@@ -773,7 +773,7 @@ def test_the_phase_map_draws_each_alpha_c_interval_with_an_arrow_where_it_is_ope
     crossings = ST.crossing_alphas(deltas).set_index(R.OMEGA)
     assert crossings.loc[0.3, "alpha_c_high"] == math.inf
     assert crossings.loc[0.3, "alpha_c_open"].startswith("open above")
-    fig = F.phase_diagram_figure(ST.student_delta_summary(deltas), crossings=crossings.reset_index())
+    fig = phase_diagram_figure(ST.student_delta_summary(deltas), crossings=crossings.reset_index())
     ends = {(round(float(line.get_ydata()[0]), 6), line.get_marker()): float(line.get_xdata()[0])
             for line in fig.axes[0].lines if line.get_color() == "tab:purple" and len(line.get_xdata()) == 1}
     low, high = crossings.loc[0.2, ["alpha_c_low", "alpha_c_high"]]
@@ -783,11 +783,11 @@ def test_the_phase_map_draws_each_alpha_c_interval_with_an_arrow_where_it_is_ope
 
 
 def test_lambda_cv_phase_figure_labels_lambda_star_and_a_small_d_says_it_cannot_place_the_transition(store):
-    from pefusion.analysis import figures as F
+    from pefusion.analysis.figures.phase_map import phase_diagram_figure
 
     student = ST.student_frame(RU.load_trial_runs(store["uri"], "student-attention", store["cv"]))
     summary = ST.student_delta_summary(ST.student_deltas(student))
-    fig = F.phase_diagram_figure(summary, ALPHA_C, ALPHA_L, student=student)
+    fig = phase_diagram_figure(summary, ALPHA_C, ALPHA_L, student=student)
     ax = fig.axes[0]
     labels = {round(t.xy[0], 6): t.get_text() for t in ax.texts}
     assert labels == {a: f"sem {0.01 * (1 + a):g}\npos {0.01 * (1 + a):g}" for a in ALPHAS_CV}  # the runs' λ*
@@ -796,9 +796,9 @@ def test_lambda_cv_phase_figure_labels_lambda_star_and_a_small_d_says_it_cannot_
         f"d = 100 (n = α·d = {min(ALPHAS_CV) * 100:.0f}–{max(ALPHAS_CV) * 100:.0f} samples), below the paper's "
         f"d = 1000: too small to place the transition")
     decided = summary[summary.n_pairs == 2].assign(**{R.D: 1000.0})  # α 1.6 has one seed: undecided
-    at_paper_d = F.phase_diagram_figure(decided, ALPHA_C, ALPHA_L)
+    at_paper_d = phase_diagram_figure(decided, ALPHA_C, ALPHA_L)
     assert at_paper_d._supxlabel is None and not at_paper_d.axes[0].texts  # no λ* without the student frame
-    one_seed = F.phase_diagram_figure(summary.assign(**{R.D: 1000.0}), ALPHA_C, ALPHA_L)
+    one_seed = phase_diagram_figure(summary.assign(**{R.D: 1000.0}), ALPHA_C, ALPHA_L)
     assert one_seed._supxlabel.get_text().startswith("1 seed(s) leave 1 point(s) more than 0.1 from α_c undecided")
 
 

@@ -212,7 +212,7 @@ def test_stacked_lines_compare_the_seeds_together_with_one_trial(tiny_run):
 
 
 def test_shape_lengths_are_distinct_and_a_gpus_pad_multiple_leaves_few_widths():
-    from benchmarks.gpu import shape_lengths
+    from benchmarks.gpu.shapes import shape_lengths
     from pefusion.data.batching import batch_width
 
     lengths = shape_lengths(512, 60)
@@ -231,14 +231,15 @@ def test_a_bad_flag_is_one_line_and_exit_code_2(tmp_path):
 def test_a_stacked_line_that_fails_records_the_error_and_returns(monkeypatch):
     """A stacked model that raises in training (as the fused attention backward once did on a card) gives a
     `stacked` line with the error's type and first line, no rates, and no exception to stop the benchmark."""
-    import benchmarks.gpu as bench
+    from benchmarks.gpu import stacked
+    from benchmarks.gpu.workload import Plan, make_corpus
 
-    class Crashing(bench.StackedTrainer):
+    class Crashing(stacked.StackedTrainer):
         def train_steps(self):
             raise RuntimeError("LSE is not correctly aligned (strideH)\nmore")
 
-    monkeypatch.setattr(bench, "StackedTrainer", Crashing)
-    plan = bench.Plan(tiny=True, steps=2, warmup=1, latency_repeats=1, seed=0, device="cpu")
-    line = bench.measure_stacked(plan, "agnews_imdb", "fp32", 2, bench.make_corpus(plan, "agnews_imdb"))
+    monkeypatch.setattr(stacked, "StackedTrainer", Crashing)
+    plan = Plan(tiny=True, steps=2, warmup=1, latency_repeats=1, seed=0, device="cpu")
+    line = stacked.measure_stacked(plan, "agnews_imdb", "fp32", 2, make_corpus(plan, "agnews_imdb"))
     assert line["bench"] == "stacked" and line["oom"] is False
     assert line["error"] == "RuntimeError: LSE is not correctly aligned (strideH)" and "speedup" not in line

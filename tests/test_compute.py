@@ -12,7 +12,8 @@ import pytest
 from pefusion import record as R
 from pefusion.analysis import compute as CO
 from pefusion.analysis import runs as RU
-from pefusion.analysis.report import build_report, compute_section
+from pefusion.analysis.report.compute import compute_section
+from pefusion.analysis.report.page import build_report
 
 H200, CPU = "NVIDIA H200", "Intel(R) Xeon(R) CPU"
 # Four runs: a whole trial on half a GPU; a stacked trial of two seeds on a quarter GPU, each run given half of it

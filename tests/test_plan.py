@@ -12,7 +12,7 @@ import torch
 from conftest import load_script, write_synthetic_corpus
 from pefusion import record as R
 from pefusion.analysis import compute as CO
-from pefusion.analysis.report import plan_line
+from pefusion.analysis.report.compute import plan_line
 from pefusion.sweep.plan import makespan, trials_at_once
 
 NOTHING_WRITTEN = ("ray_results", "mlflow.db", "mlartifacts", "results")

@@ -8,10 +8,11 @@ import pandas as pd
 import pytest
 
 from pefusion import record as R
-from pefusion.analysis import figures as F
 from pefusion.analysis import runs as RU
 from pefusion.analysis import search as SE
-from pefusion.analysis.report import budget_line, build_report
+from pefusion.analysis.figures.search import search_parallel_figure, search_score_figure
+from pefusion.analysis.report.page import build_report
+from pefusion.analysis.report.search import budget_line
 
 from conftest import REPO
 
@@ -98,7 +99,7 @@ def test_figures_mark_stopped_trials():
     stopped = (1, 4, 6)
     trials = search_frame(9, lr_only, stopped=stopped)
     points = SE.search_points(trials)
-    fig = F.search_score_figure(points)
+    fig = search_score_figure(points)
     lr_panel = fig.axes[0]
     assert lr_panel.get_xscale() == "log" and lr_panel.get_xlabel().startswith("lr")
     drawn = {True: [], False: []}
@@ -118,7 +119,7 @@ def test_figures_mark_stopped_trials():
     assert len(shapes) == present and all(len(s) == 1 for s in shapes.values())
     assert len({next(iter(s)) for s in shapes.values()}) == present
 
-    lines = F.search_parallel_figure(points).axes[0].get_lines()
+    lines = search_parallel_figure(points).axes[0].get_lines()
     trial_lines = [ln for ln in lines if len(ln.get_xdata()) == len(points.keys) + 1]
     assert len(trial_lines) == len(trials)
     assert sum(ln.get_linestyle() == "--" for ln in trial_lines) == len(stopped)

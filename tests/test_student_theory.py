@@ -419,7 +419,7 @@ def test_command_line_curve_and_alpha_c(tmp_path, capsys):
 def test_the_figure_marks_where_a_branch_ends():
     """The semantic branch ends inside the curve's range: its last point is marked × and labelled, no line drawn
     through the points past its end."""
-    from pefusion.analysis.figures import theory_eps_g_figure
+    from pefusion.analysis.figures.student import theory_eps_g_figure
 
     rows = [(0.7, "semantic", np.nan, "branch_ended"), (0.8, "semantic", 0.00355, "converged"),
             (0.9, "semantic", 0.00314, "converged")] + [(a, "positional", 0.0033, "converged") for a in (0.7, 0.8, 0.9)]
@@ -474,7 +474,7 @@ def test_report_puts_the_theory_beside_a_phase_diagram_sweep_and_logs_it(tmp_pat
 
     from pefusion import record as R
     from pefusion.analysis import runs as RU
-    from pefusion.analysis.report import build_report
+    from pefusion.analysis.report.page import build_report
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)

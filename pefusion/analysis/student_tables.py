@@ -38,6 +38,7 @@ STUDENT_COLUMNS = (RUN_ID, START_TIME, "source", R.STATUS, R.ERROR, *STUDENT_KEY
 THEORY_SUFFIX = "_theory"
 THEORY_METRICS = tuple(f"{m}{THEORY_SUFFIX}" for m in STUDENT_METRICS)
 SOURCE_CV, SOURCE_PHASE = "lambda_cv", "phase_diagram"  # one init per run / both inits in one run
+Curve = Mapping[float, float]  # a published or d → ∞ α(ω) table (α_c, α_l): ω -> α
 
 
 def published_alpha_curves() -> tuple[dict[float, float], dict[float, float]]:
@@ -188,7 +189,7 @@ def student_delta_summary(deltas: pd.DataFrame) -> pd.DataFrame:
     return out[columns + theory]
 
 
-def interpolate_curve(curve: Mapping[float, float], omega: float) -> float:
+def interpolate_curve(curve: Curve, omega: float) -> float:
     """A published α(ω) table read at ω (linear between tabulated ω; NaN outside the table)."""
     omegas = np.array(sorted(curve))
     if not omegas[0] <= omega <= omegas[-1]:
@@ -286,7 +287,7 @@ CROSSING_COLUMNS = ["n_alpha", "n_seeds", "alpha_c_estimate", "alpha_c_low", "al
                     "sign_changes", "n_sign_changes", "n_call_changes", "alpha_c_published"]
 
 
-def crossing_alphas(deltas: pd.DataFrame, alpha_c: Mapping[float, float] | None = None,
+def crossing_alphas(deltas: pd.DataFrame, alpha_c: Curve | None = None,
                     theory: pd.DataFrame | None = None) -> pd.DataFrame:
     """Where the seed-mean Δε_t changes sign along α, per (source, omega, sigma, d, fixed λ), from the per-seed
     pairs of `student_deltas`.

@@ -21,7 +21,7 @@ def add_source_flags(parser: argparse.ArgumentParser, experiment: str,
 
 def load_sweep_from_args(args: argparse.Namespace, latest_sweep: bool = False):
     """The runs the source flags name, with the notes a reader must know printed to stderr."""
-    from pefusion.analysis.report import notes  # here: MLflow and pandas load after the flags are parsed
+    from pefusion.analysis.report.page import notes  # here: MLflow and pandas load after the flags are parsed
     from pefusion.analysis.runs import load_sweep
 
     sweep = load_sweep(args.tracking_uri, args.experiment, args.parent_run, latest_sweep=latest_sweep)

@@ -133,7 +133,7 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baseline", default="add", help="baseline fusion of the paired deltas (default: add)")
     parser.add_argument("--no-log", action="store_true", help="do not log the report to the MLflow parent run")
     args = parser.parse_args(argv)
-    from pefusion.analysis.report import build_report
+    from pefusion.analysis.report.page import build_report
     from pefusion.analysis.student_tables import published_alpha_curves
 
     sweep = load_sweep_from_args(args, latest_sweep=not args.all_runs)
@@ -191,7 +191,7 @@ def _analysis_sweep(description: str, argv: Sequence[str] | None, baseline_help:
 
 def table1_main(argv: Sequence[str] | None = None) -> int:
     args, sweep = _analysis_sweep(TABLE1, argv)
-    from pefusion.analysis.report import write_table1
+    from pefusion.analysis.outputs import write_table1
 
     for path in write_table1(sweep.trials, args.out):
         if path.suffix == ".md":
@@ -202,7 +202,7 @@ def table1_main(argv: Sequence[str] | None = None) -> int:
 
 def deltas_main(argv: Sequence[str] | None = None) -> int:
     args, sweep = _analysis_sweep(DELTAS, argv, "fusion every other fusion is compared with (default: add)")
-    from pefusion.analysis.report import write_paired_deltas
+    from pefusion.analysis.outputs import write_paired_deltas
 
     for path in write_paired_deltas(sweep.trials, args.out, args.baseline):
         if path.suffix == ".csv" and not path.stem.startswith("paired_deltas_per_seed"):
@@ -213,7 +213,7 @@ def deltas_main(argv: Sequence[str] | None = None) -> int:
 
 def figures_main(argv: Sequence[str] | None = None) -> int:
     args, sweep = _analysis_sweep(FIGURES, argv, "baseline fusion of the paired deltas (default: add)")
-    from pefusion.analysis.report import write_figures
+    from pefusion.analysis.outputs import write_figures
     from pefusion.analysis.student_tables import published_alpha_curves
 
     alpha_c, alpha_l = published_alpha_curves()

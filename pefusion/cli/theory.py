@@ -132,7 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _figure(curve: pd.DataFrame, args: argparse.Namespace) -> None:
-    from pefusion.analysis.figures import DPI, theory_eps_g_figure
+    from pefusion.analysis.figures.canvas import DPI
+    from pefusion.analysis.figures.student import theory_eps_g_figure
 
     simulated = None
     if args.simulated:
