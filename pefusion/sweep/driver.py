@@ -154,7 +154,7 @@ def _say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any],
               f"its {len(values)} runs together, as one batched model", flush=True)
     if study.timer is None:
         return None
-    timing = time_trials(study, opts, shipped)
+    timing = time_trials(study, opts, shipped, fresh=measure)
     at_once, _ = trials_at_once(opts.cpus_per_trial, opts.gpus_per_trial, local_node(opts), opts.max_concurrent,
                                 grid_size(study.space) * study.num_samples)
     cost = None if opts.address else engine_cost(at_once, tune_env(), study.trainable.__module__,

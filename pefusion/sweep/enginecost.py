@@ -1,7 +1,7 @@
 """What a sweep costs beyond its trials' own work, measured on this machine for `--plan` (`pefusion.sweep.plan`):
 Ray's start, a trial slot's first trial (Tune making the trial's process, which imports torch, Ray Tune and the
 trainable), the gap between two trials of a slot (the final report, the actor's reset), each report with its
-checkpoint, and the end (Tune's last bookkeeping and Ray's shutdown).
+checkpoint, and the end (Tune's last bookkeeping, then Ray's shutdown, which a sweep's command pays as it exits).
 
 Measured by a tiny sweep: a fresh process starts a local Ray cluster of the sweep's CPUs and runs two trials per
 slot through Tune as the engine runs them (one CPU each, actors reused), each importing the study's trainable module
@@ -36,6 +36,7 @@ class EngineCost:
     report_s: float  # one result reported with its checkpoint, inside the trial
     end_s: float  # from the last trial's end to Ray shut down
     measured_at: float  # Unix seconds
+    shutdown_s: float  # of `end_s`, Ray's shutdown (a sweep's command pays it as it exits)
 
     def when(self) -> str:
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at))
@@ -79,6 +80,7 @@ def measure(slots: int, env: Mapping[str, str], module: str) -> EngineCost:
                 run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
             last = sorted((r.metrics["started_at"], r.metrics["ended_at"]) for r in grid)  # each trial's last report
     finally:
+        stopping = time.time()
         ray.shutdown()
     ended = time.time()
     starts, ends = [s for s, _ in last], [e for _, e in last]
@@ -92,7 +94,7 @@ def measure(slots: int, env: Mapping[str, str], module: str) -> EngineCost:
     return EngineCost(ray_start_s=started - start, first_trial_s=sum(first) / len(first),
                       between_s=sum(gaps) / max(len(gaps), 1),
                       report_s=sum(e - s for s, e in last) / len(last) / REPORTS,
-                      end_s=ended - max(ends), measured_at=ended)
+                      end_s=ended - max(ends), measured_at=ended, shutdown_s=ended - stopping)
 
 
 def engine_cost(slots: int, env: Mapping[str, str], module: str, cache: Path | None = None,
