@@ -133,12 +133,7 @@ def time_trials(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any
     this machine has one, else this machine's CPU. Each timing is kept in pefusion's cache folder for `MAX_AGE_S`,
     under what was timed (`timing_key`); with `fresh` False (a sweep, not `--plan`) a kept one is taken instead of
     timing again: the seconds a sweep would spend before Ray starts, and exactly the plan `--plan` printed."""
-    points = study.space.trial_points()
-    timer = study.timer(points, shipped)
-    import torch
-
-    device = "cuda" if opts.gpus_per_trial > 0 and torch.cuda.is_available() else "cpu"
-    path = (cache or cache_home()) / "plan_timing" / f"{timing_key(timer, device)}.json"
+    timer, device, path = _timer(study, opts, shipped, cache)
     if not fresh:
         try:
             kept = json.loads(path.read_text())
@@ -152,6 +147,21 @@ def time_trials(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any
     tmp.write_text(json.dumps({"measured_at": time.time(), "timing": dataclasses.asdict(timing)}))
     tmp.replace(path)
     return timing
+
+
+def kept_timing(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any], cache: Path | None = None) -> Path:
+    """Where the timing of the trials of `study` under `opts` is kept (`time_trials`)."""
+    return _timer(study, opts, shipped, cache)[2]
+
+
+def _timer(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any],
+           cache: Path | None) -> tuple[Callable[[str], Timing], str, Path]:
+    """The study's timer of the sweep's trials, the device it times on, and where its timing is kept."""
+    import torch
+
+    timer = study.timer(study.space.trial_points(), shipped)
+    device = "cuda" if opts.gpus_per_trial > 0 and torch.cuda.is_available() else "cpu"
+    return timer, device, (cache or cache_home()) / "plan_timing" / f"{timing_key(timer, device)}.json"
 
 
 def timing_key(timer: Any, device: str) -> str:
