@@ -9,7 +9,10 @@ Prints wall-clock seconds of both, their ratio (sequential / Ray), and the overh
 (Ray wall × concurrency − Σ time inside the trials) / trials, i.e. the time a trial slot holds no trial, per
 trial; and where it goes, slot by slot: before each slot's first trial (the sweep's start-up), between two trials
 of a slot (result reporting, the final checkpoint, the actor's reset for the next trial), and after a slot's last
-trial while others still run (the end of the grid: trials of unequal length leave a slot idle).
+trial while others still run (the end of the grid: trials of unequal length leave a slot idle). The sweep runs as
+a user runs it after `--plan` (the plan first, before Ray starts, its seconds printed apart: the sweep takes the
+timing of its trials that the plan made); `--cold` runs it as a first sweep without `--plan`, timing its trials
+itself before Ray starts.
 
 Then the floor: bare Ray Tune in the same cluster running trials of the same lengths, in the same order (each
 imports what ours import, then sleeps through as many epochs as ours ran for as long as ours took and reports
@@ -24,6 +27,7 @@ before Ray started, the wall time it took (the command's, and the trials' own sp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 from typing import Any, Sequence
@@ -48,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_grid_flags(parser)  # default: the demo grid's
     parser.add_argument("--concurrency", type=int, default=2, help="trials at once on Ray, one CPU each")
     parser.add_argument("--json", action="store_true", help="one JSON line")
+    parser.add_argument("--cold", action="store_true",
+                        help="the sweep times its trials itself, as one run without --plan first does (default: "
+                             "--plan first, whose timing the sweep takes, as the docs suggest running it)")
     parser.add_argument("--against-plan", action="store_true",
                         help="instead: the grid with early stopping off (every trial its whole epoch budget), its "
                              "--plan estimate beside the wall time it took on Ray")
@@ -75,16 +82,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pefusion.sweep.driver import run_sweep
     from pefusion.sweep.options import SweepOptions
     from pefusion.sweep.cluster import start_ray
+    from pefusion.sweep.plan import kept_timing
+    from pefusion.sweep.settle import settle
 
     with tempfile.TemporaryDirectory() as tmp:
         opts = SweepOptions(sweep="bench", experiment="bench", storage_path=f"{tmp}/ray", cpus_per_trial=1.0,
                             gpus_per_trial=0.0, num_cpus=args.concurrency, max_concurrent=args.concurrency, dashboard=False,
                             verbose=0, tracking_uri=f"sqlite:///{tmp}/mlflow.db")
+        study = pefusion_study("bench", args.preset, preset, space, 1.0, corpus=corpus)
+        start = time.perf_counter()
+        if args.cold:
+            kept_timing(study, opts, study.ship()).unlink(missing_ok=True)
+        else:
+            settle(study, dataclasses.replace(opts, plan=True))  # before Ray starts, as `--plan` runs
+        plan_s = time.perf_counter() - start
         start = time.perf_counter()
         start_ray(opts)
         cluster_s = time.perf_counter() - start
         start, wall_start = time.perf_counter(), time.time()  # trials stamp wall-clock times
-        study = pefusion_study("bench", args.preset, preset, space, 1.0, corpus=corpus)
         rows = run_sweep(study, opts, f"{tmp}/results").rows
         ray_s = time.perf_counter() - start
         bare = _bare_tune(rows, args.concurrency, f"{tmp}/bare")
@@ -94,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {
         "trials": len(configs), "concurrency": args.concurrency, "sequential_s": round(sequential_s, 2),
         "ray_s": round(ray_s, 2), "ray_cluster_start_s": round(cluster_s, 2),
+        # the sweep's timing of its trials: made by `--plan` first (its seconds here) and taken, or its own
+        "plan_first_s": None if args.cold else round(plan_s, 2), "sweep_times_its_trials": args.cold,
         "speedup": round(sequential_s / ray_s, 3), "speedup_with_cluster_start": round(sequential_s / (ray_s + cluster_s), 3),
         "mean_trial_s_sequential": round(sequential_s / len(configs), 3),
         "mean_trial_s_inside_ray": round(inside_s / len(configs), 3),

@@ -97,3 +97,28 @@ def test_bench_real_text_prints_its_table_on_a_tiny_corpus(tmp_path):
                                                                                         "(d) paper recipe"]
     assert all(0 <= r["test_acc"] <= 1 for r in result["rows"]) and "| (a) search |" in out.stdout
     assert result["rows"][0]["trials"] == 2 and result["rows"][-1]["epochs"] == 2
+
+
+def test_bench_plan_reads_the_plans_wall_times_back_from_its_lines():
+    """The plan's printed durations, read back, are its figures to the precision it prints."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(REPO))
+    from benchmarks.plan import planned, seconds_of
+    from pefusion.sweep.enginecost import EngineCost
+    from pefusion.sweep.options import SweepOptions
+    from pefusion.sweep.plan import Timing, duration, make_plan
+    from pefusion.sweep.space import Grid, SearchSpace
+
+    for seconds in (0.4, 7.25, 45.0, 725.0, 12_000.0, 300_000.0):
+        assert seconds_of(duration(seconds)) == pytest.approx(seconds, rel=0.02, abs=0.05)
+    study = SimpleNamespace(space=SearchSpace({"seed": Grid((0, 1, 2))}, {}), num_samples=1, search_alg=None,
+                            preset="demo", may_end_early=lambda point: True)
+    timing = Timing(seconds=(100.0, 200.0, 300.0), device="cpu (test)", trial="t", budget="1 epoch per trial")
+    cost = EngineCost(ray_start_s=5.0, first_trial_s=3.0, between_s=0.4, report_s=0.1, end_s=2.0, measured_at=0.0,
+                      shutdown_s=1.5)
+    plan = make_plan(study, SweepOptions(sweep="s", cpus_per_trial=1.0, gpus_per_trial=0.0, num_cpus=2, num_gpus=0),
+                     timing, cost=cost, so_far=7.0, before=4.0)
+    read = planned("\n".join(plan.lines))
+    assert read["command_s"] == pytest.approx(plan.command_s, abs=0.5)
+    assert read["sweep_s"] == pytest.approx(plan.wall_s, abs=0.5)

@@ -117,9 +117,10 @@ def _grid_study(values: dict, may_end_early: bool = False):
 
 def test_the_plans_wall_is_the_command_so_far_rays_start_the_trials_with_rays_share_and_the_end():
     """By hand: 4 trials of 10, 20, 30, 40 s on 2 one-CPU slots, each slot's first trial process 3 s, 0.5 s of
-    Ray's per trial (gap 0.4 + report 0.1), Ray's start 5 s, the end 2 s, 7 s already run: slots free at 3 s;
-    10.5 -> 13.5, 20.5 -> 23.5, 30.5 -> 44, 40.5 -> 64: 7 + 5 + 64 + 2 = 78 s. Resumed with the 10 and 30 s trials
-    finished: 20.5 -> 23.5, 40.5 -> 43.5: 7 + 5 + 43.5 + 2."""
+    Ray's per trial (gap 0.4 + report 0.1), Ray's start 5 s, the end 2 s of which Ray's shutdown 1.5 s, 7 s already
+    run, 4 s of the process before the sweep: slots free at 3 s; 10.5 -> 13.5, 20.5 -> 23.5, 30.5 -> 44,
+    40.5 -> 64: the sweep 7 + 5 + 64 + 0.5 = 76.5 s, the command 4 + 76.5 + 1.5 = 82 s. Resumed with the 10 and 30 s
+    trials finished: 20.5 -> 23.5, 40.5 -> 43.5: 7 + 5 + 43.5 + 0.5."""
     from pefusion.sweep.enginecost import EngineCost
     from pefusion.sweep.options import SweepOptions
     from pefusion.sweep.plan import make_plan
@@ -128,14 +129,19 @@ def test_the_plans_wall_is_the_command_so_far_rays_start_the_trials_with_rays_sh
     study = _grid_study({"seed": [0, 1, 2, 3]})
     timing = Timing(seconds=(10.0, 20.0, 30.0, 40.0), device="cpu (test)", trial="t", budget="1 epoch per trial",
                     testing_s=(1.0, 2.0, 3.0, 4.0))
-    cost = EngineCost(ray_start_s=5.0, first_trial_s=3.0, between_s=0.4, report_s=0.1, end_s=2.0, measured_at=0.0)
+    cost = EngineCost(ray_start_s=5.0, first_trial_s=3.0, between_s=0.4, report_s=0.1, end_s=2.0, measured_at=0.0,
+                      shutdown_s=1.5)
     opts = SweepOptions(sweep="arxiv_grid", cpus_per_trial=1.0, gpus_per_trial=0.0, num_cpus=2, num_gpus=0)
-    plan = make_plan(study, opts, timing, cost=cost, so_far=7.0)
-    assert plan.wall_s == pytest.approx(78.0) and plan.testing_s == pytest.approx(2.5)
-    assert "Ray's start 5.0 s" in plan.lines[-1] and "the sweep so far 7.0 s" in plan.lines[-1]
+    plan = make_plan(study, opts, timing, cost=cost, so_far=7.0, before=4.0)
+    assert plan.wall_s == pytest.approx(76.5) and plan.command_s == pytest.approx(82.0)
+    assert plan.testing_s == pytest.approx(2.5)
+    assert "wall 1 min 22 s for the command, of which the sweep 1 min 16 s" in plan.lines[2]
+    assert all(part in plan.lines[-1] for part in ("this process's start 4.0 s", "the sweep so far 7.0 s",
+                                                   "Ray's start 5.0 s", "the sweep's end 0.5 s",
+                                                   "Ray's shutdown 1.5 s"))
     resumed = make_plan(study, dataclasses.replace(opts, resume=True), timing, cost=cost, so_far=7.0,
                         finished=[{"seed": 0}, {"seed": 2, "lr": 0.1}])
-    assert resumed.wall_s == pytest.approx(7 + 5 + 43.5 + 2) and resumed.testing_s == pytest.approx(3.0)
+    assert resumed.wall_s == pytest.approx(7 + 5 + 43.5 + 0.5) and resumed.testing_s == pytest.approx(3.0)
     assert "2 left to run" in resumed.lines[0]
 
 
@@ -211,7 +217,7 @@ def test_rays_figures_are_measured_once_a_day_and_kept(tmp_path, monkeypatch):
     def tiny_sweep(fn, slots, env, module):
         runs.append((slots, env))
         assert module == "pefusion.fusion.trainable"
-        return EC.EngineCost(1.0, 2.0, 0.1, 0.01, 0.5, measured_at=time.time())
+        return EC.EngineCost(1.0, 2.0, 0.1, 0.01, 0.5, measured_at=time.time(), shutdown_s=0.3)
 
     monkeypatch.setattr(gpus, "in_fresh_process", tiny_sweep)
     module = "pefusion.fusion.trainable"
@@ -227,3 +233,77 @@ def test_rays_figures_are_measured_once_a_day_and_kept(tmp_path, monkeypatch):
     kept.write_text(kept.read_text().replace(str(first.measured_at), str(first.measured_at - EC.MAX_AGE_S - 1)))
     EC.engine_cost(2, {}, module, cache=tmp_path)
     assert len(runs) == 3
+
+
+TIMER_CALLS: list = []
+
+
+def _counted_timer(device: str, *, points: list, seconds: float) -> object:
+    """A study's timer for `test_a_sweep_takes_the_timing_its_plan_made`: it records each call."""
+    from pefusion.sweep.plan import Timing
+
+    TIMER_CALLS.append(device)
+    return Timing(seconds=(seconds,) * len(points), device=f"{device} (test)", trial="t", budget="1 epoch per trial")
+
+
+def test_a_sweep_takes_the_timing_its_plan_made_within_a_day_and_plan_times_again(tmp_path):
+    """`--plan` (fresh) times and keeps; a sweep of the same trials takes what was kept (said in the lines), a sweep
+    of other trials or after a day times again."""
+    import functools
+    import json
+
+    from pefusion.sweep.options import SweepOptions
+    from pefusion.sweep.plan import MAX_AGE_S, make_plan, time_trials
+
+    calls = TIMER_CALLS
+    calls.clear()
+    opts = SweepOptions(sweep="s", cpus_per_trial=1.0, gpus_per_trial=0.0, num_cpus=2, num_gpus=0)
+
+    def study(seeds, seconds=5.0):
+        grid = _grid_study({"seed": seeds})
+        grid.timer = lambda points, shipped: functools.partial(_counted_timer, points=list(points), seconds=seconds)
+        return grid
+
+    planned = time_trials(study([0, 1]), opts, {}, fresh=True, cache=tmp_path)
+    assert len(calls) == 1 and planned.kept_from == 0.0
+    kept = time_trials(study([0, 1]), opts, {}, fresh=False, cache=tmp_path)
+    assert len(calls) == 1 and kept.seconds == planned.seconds and kept.kept_from > 0
+    assert "(the same trials' timing, kept a day)" in make_plan(study([0, 1]), opts, kept).lines[1]
+    time_trials(study([0, 1]), opts, {}, fresh=True, cache=tmp_path)  # --plan always times
+    assert len(calls) == 2
+    time_trials(study([0, 2]), opts, {}, fresh=False, cache=tmp_path)  # other trials
+    time_trials(study([0, 1], seconds=6.0), opts, {}, fresh=False, cache=tmp_path)  # a timer given other data
+    assert len(calls) == 4
+    for path in (tmp_path / "plan_timing").glob("*.json"):
+        saved = json.loads(path.read_text())
+        path.write_text(json.dumps({**saved, "measured_at": saved["measured_at"] - MAX_AGE_S - 1}))
+    time_trials(study([0, 1]), opts, {}, fresh=False, cache=tmp_path)
+    assert len(calls) == 5
+
+
+def test_the_timings_key_is_the_same_in_another_process_and_follows_the_data():
+    """Two processes (string hashing differs between them) give a fusion sweep's timer the same key; another
+    sample of the data gives another."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import dataclasses
+import numpy as np
+from pefusion.data.corpus import load_corpus
+from pefusion.fusion.config import PRESETS, trial_data
+from pefusion.fusion.timing import plan_timer, take
+from pefusion.sweep.plan import timing_key
+base = PRESETS["demo"]
+corpus = load_corpus(base.data)
+points = [{"pe_type": "sinusoidal", "fusion": f, "seed": 0} for f in ("add", "concat")]
+setting = trial_data(points[0], base).tokenizer_setting
+fewer = dataclasses.replace(corpus, train=take(corpus.train, np.arange(len(corpus.train) - 1)))  # other documents
+for data in (corpus, fewer):
+    print(timing_key(plan_timer(points, {"corpora": {setting: data}}, base=base, cpus=1), "cpu"))
+"""
+    keys = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": hashseed}).stdout.split()
+            for hashseed in ("1", "2")]
+    assert keys[0] == keys[1] and keys[0][0] != keys[0][1] and len(keys[0][0]) == 24

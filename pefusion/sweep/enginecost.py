@@ -1,11 +1,13 @@
 """What a sweep costs beyond its trials' own work, measured on this machine for `--plan` (`pefusion.sweep.plan`):
 Ray's start, a trial slot's first trial (Tune making the trial's process, which imports torch, Ray Tune and the
 trainable), the gap between two trials of a slot (the final report, the actor's reset), each report with its
-checkpoint, and the end (Tune's last bookkeeping and Ray's shutdown).
+checkpoint, and the end (Tune's last bookkeeping, then Ray's shutdown, which a sweep's command pays as it exits).
 
 Measured by a tiny sweep: a fresh process starts a local Ray cluster of the sweep's CPUs and runs two trials per
-slot through Tune as the engine runs them (one CPU each, actors reused), each importing the study's trainable module
-(what a real trial's process imports) and reporting `REPORTS` results with a checkpoint, and doing no work. The
+slot through Tune as the engine runs them (one CPU each, actors reused, each trial's MLflow run written by the
+engine's own callback to a throwaway sqlite store: the driver's work per trial, on the cores the trials share),
+each importing the study's trainable module (what a real trial's process imports) and reporting `REPORTS` results
+with a checkpoint, and doing no work. The
 figures are kept in pefusion's cache folder, one file per machine, CPU count, trainable module and Ray version, and
 measured again after `MAX_AGE_S`: `--plan` pays the tiny sweep (about 10 s) once a day on a machine; a sweep itself
 never runs it (`measure=False`), it takes the figures `--plan` kept, or leaves Ray's costs out and says so.
@@ -53,6 +55,7 @@ class EngineCost:
     report_s: float  # one result reported with its checkpoint, inside the trial
     end_s: float  # from the last trial's end to Ray shut down
     measured_at: float  # Unix seconds
+    shutdown_s: float  # of `end_s`, Ray's shutdown (a sweep's command pays it as it exits)
 
     def when(self) -> str:
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at))
@@ -80,6 +83,9 @@ def measure(slots: int, env: Mapping[str, str], module: str) -> EngineCost:
     import ray
     from ray import tune
 
+    from pefusion.tracking.callbacks import MLflowRuns
+    from pefusion.tracking.recorder import SweepRecorder
+
     devnull = os.open(os.devnull, os.O_WRONLY)  # Tune's and Ray's lines: this process is the measurement's own
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -89,13 +95,19 @@ def measure(slots: int, env: Mapping[str, str], module: str) -> EngineCost:
     started = time.time()
     try:
         with tempfile.TemporaryDirectory() as storage:
+            recorder = SweepRecorder(f"sqlite:///{storage}/mlflow.db", "engine-cost", "engine_cost", storage,
+                                     wait=False)
+            runs = MLflowRuns(recorder, {"module": module}, lambda config: f"trial {config['i']}")
             tune_start = time.time()
             grid = tune.Tuner(
-                tune.with_resources(_trial, {"cpu": 1}), param_space={"i": tune.grid_search(list(range(2 * slots))), "module": module},
+                tune.with_resources(_trial, {"cpu": 1}),
+                param_space={"i": tune.grid_search(list(range(2 * slots))), "module": module},
                 tune_config=tune.TuneConfig(max_concurrent_trials=slots, reuse_actors=True),
-                run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
+                run_config=tune.RunConfig(storage_path=storage, verbose=0, callbacks=[runs])).fit()
+            recorder.flush()
             last = sorted((r.metrics["started_at"], r.metrics["ended_at"]) for r in grid)  # each trial's last report
     finally:
+        stopping = time.time()
         ray.shutdown()
     ended = time.time()
     starts, ends = [s for s, _ in last], [e for _, e in last]
@@ -109,7 +121,7 @@ def measure(slots: int, env: Mapping[str, str], module: str) -> EngineCost:
     return EngineCost(ray_start_s=started - start, first_trial_s=sum(first) / len(first),
                       between_s=sum(gaps) / max(len(gaps), 1),
                       report_s=sum(e - s for s, e in last) / len(last) / REPORTS,
-                      end_s=ended - max(ends), measured_at=ended)
+                      end_s=ended - max(ends), measured_at=ended, shutdown_s=ended - stopping)
 
 
 def engine_cost(slots: int, env: Mapping[str, str], module: str, cache: Path | None = None,

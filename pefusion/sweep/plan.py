@@ -5,32 +5,39 @@ The study times its trials (`StudySweep.timer`: a few training steps of its larg
 on the device the trials will use); this module turns those seconds into the sweep's: how many trials run at once
 (`trials_at_once`: CPUs per trial against the node's CPUs, GPUs per trial against its GPUs, --max-concurrent) and
 the wall time of running them in Tune's order, each in the first slot to free (`makespan`). Around the trials'
-own seconds, the wall time counts what the command has spent so far (its imports, the data, this timing), Ray's
-start, each slot's first trial process, the gap between two trials of a slot, each trial's final report, and the
-end, as a tiny sweep measured them on this machine (`pefusion.sweep.enginecost`; not on a joined cluster, whose
-figures this machine cannot measure). Trials that share a card are counted as taking turns on it, so on GPUs the
+own seconds, the command's wall time counts what the process spent before the sweep (Python's start, imports),
+what the sweep has spent so far (the data, this timing), Ray's start, each slot's first trial process, the gap
+between two trials of a slot, each trial's final report, the sweep's end and Ray's shutdown as the command exits,
+as a tiny sweep measured them on this machine (`pefusion.sweep.enginecost`; not on a joined cluster, whose
+figures this machine cannot measure); the sweep's own wall, what it records, leaves out the first and the last. Trials that share a card are counted as taking turns on it, so on GPUs the
 slots are the cards in use: an upper bound, since 3 packed bf16 trials on an H200 reached 1.65x one trial's
 throughput (docs/benchmarks.md), a gain measured for that one case only. Timed in a fresh process where the trials use a
 GPU, so that the driver never holds the card; on a CPU in this process (`_in_this_process`), with the trial's thread
-count. A resumed sweep plans the trials it has left (`finished_configs`).
+count; a sweep takes the timing `--plan` (or an earlier sweep of the same trials) made within a day, kept in the
+cache folder (`time_trials`). A resumed sweep plans the trials it has left (`finished_configs`).
 
 Device-hours: card-hours where the trials use GPUs (the wall time × the cards in use: what `record.CARD_HOURS`
 measures), core-hours on CPUs (Σ trial seconds × CPUs per trial: the report's CPU-hours).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import heapq
-import time
 import json
 import math
 import os
+import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from pefusion import cache_home
 from pefusion import record as R
 from pefusion.sweep.console import counted
-from pefusion.sweep.enginecost import EngineCost, engine_cost, tune_env
+from pefusion.sweep.enginecost import MAX_AGE_S, EngineCost, engine_cost, tune_env
 from pefusion.sweep.gpus import in_fresh_process, local_node
 from pefusion.sweep.options import SweepOptions, is_remote
 from pefusion.sweep.space import Constant, Grid, Stack, grid_size
@@ -44,7 +51,8 @@ class SweepPlan:
     trials: int
     runs: int
     at_once: int
-    wall_s: float
+    wall_s: float  # the sweep's own, as it records it (`record.SWEEP_WALL_S`)
+    command_s: float  # the command's: the process's start and Ray's shutdown as well
     device_hours: float
     unit: str  # card-hours | core-hours
     longest_s: float
@@ -103,16 +111,62 @@ def is_grid(study: StudySweep) -> bool:
         isinstance(d, (Grid, Constant, Stack)) for d in study.space.values())
 
 
-def time_trials(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any]) -> Timing:
+def time_trials(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any], *, fresh: bool = True,
+                cache: Path | None = None) -> Timing:
     """The study's timer run on the device the trials will use: the GPU in a fresh process where they get one and
-    this machine has one, else this machine's CPU."""
-    points = study.space.trial_points()
-    timer = study.timer(points, shipped)
+    this machine has one, else this machine's CPU. Each timing is kept in pefusion's cache folder for `MAX_AGE_S`,
+    under what was timed (`timing_key`); with `fresh` False (a sweep, not `--plan`) a kept one is taken instead of
+    timing again: the seconds a sweep would spend before Ray starts, and exactly the plan `--plan` printed."""
+    timer, device, path = _timer(study, opts, shipped, cache)
+    if not fresh:
+        try:
+            kept = json.loads(path.read_text())
+            if time.time() - kept["measured_at"] < MAX_AGE_S:
+                return _timing_from_json(kept["timing"], kept["measured_at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    timing = in_fresh_process(timer, "cuda") if device == "cuda" else _in_this_process(timer, "cpu")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"measured_at": time.time(), "timing": dataclasses.asdict(timing)}))
+    tmp.replace(path)
+    return timing
+
+
+def kept_timing(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any],
+                cache: Path | None = None) -> Path:
+    """Where the timing of the trials of `study` under `opts` is kept (`time_trials`)."""
+    return _timer(study, opts, shipped, cache)[2]
+
+
+def _timer(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any],
+           cache: Path | None) -> tuple[Callable[[str], Timing], str, Path]:
+    """The study's timer of the sweep's trials, the device it times on, and where its timing is kept."""
     import torch
 
-    if opts.gpus_per_trial > 0 and torch.cuda.is_available():
-        return in_fresh_process(timer, "cuda")
-    return _in_this_process(timer, "cpu")
+    timer = study.timer(study.space.trial_points(), shipped)
+    device = "cuda" if opts.gpus_per_trial > 0 and torch.cuda.is_available() else "cpu"
+    return timer, device, (cache or cache_home()) / "plan_timing" / f"{timing_key(timer, device)}.json"
+
+
+def timing_key(timer: Any, device: str) -> str:
+    """What a timing depends on, hashed: the study's timer with everything it was given (the points, the preset,
+    the data's samples and lengths, the threads; as it is pickled for a fresh process, which is the same bytes in
+    every process of the same sweep) and the code of its module, the device, this machine and torch's version."""
+    import pickle
+    import sys
+
+    import torch
+
+    func = timer.func if isinstance(timer, functools.partial) else timer
+    code = hashlib.sha256(Path(sys.modules[func.__module__].__file__ or "").read_bytes()).hexdigest()
+    what = [hashlib.sha256(pickle.dumps(timer)).hexdigest(), code, device, socket.gethostname(), torch.__version__]
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _timing_from_json(fields: Mapping[str, Any], measured_at: float) -> Timing:
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+    return Timing(**{**values, "kept_from": measured_at})
 
 
 def _in_this_process(timer: Callable[[str], Timing], device: str) -> Timing:
@@ -166,8 +220,8 @@ def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing, *, cost: En
     """The sweep's estimate from its trials' `timing` and the resources of `opts` (its GPUs per trial resolved):
     with the engine's `cost` measured on this machine (None: a joined cluster's, not counted), `so_far` seconds the
     sweep has already run (its data, this timing: what its recorded wall time, `record.SWEEP_WALL_S`, counts),
-    `before` seconds its process ran before the sweep began (Python's start, imports: said, not counted), and the
-    configs of trials `finished` before (a resumed sweep: planned without them)."""
+    `before` seconds its process ran before the sweep began (Python's start, imports: in the command's wall, not
+    the sweep's), and the configs of trials `finished` before (a resumed sweep: planned without them)."""
     trials = grid_size(study.space) * study.num_samples
     stacked = study.space.stacked_key()
     points = study.space.trial_points()
@@ -199,8 +253,9 @@ def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing, *, cost: En
     slots = cards if gpu else at_once
     per_trial = cost.between_s + cost.report_s if cost else 0.0
     trials_s = makespan([s + per_trial for s in seconds], slots, cost.first_trial_s if cost else 0.0) if left else 0.0
-    ray_s, end_s = (cost.ray_start_s, cost.end_s) if cost else (0.0, 0.0)
-    wall = so_far + ray_s + trials_s + end_s
+    ray_s, end_s, shutdown_s = (cost.ray_start_s, cost.end_s - cost.shutdown_s, cost.shutdown_s) if cost else (0.0,) * 3
+    wall = so_far + ray_s + trials_s + end_s  # what the sweep records as its own wall (`record.SWEEP_WALL_S`)
+    command = (before or 0.0) + wall + shutdown_s  # the command's, from Python's start to its exit
     hours = wall * cards / 3600 if gpu else sum(seconds) * opts.cpus_per_trial / 3600
     unit = "card-hours" if gpu else "core-hours"
     bound = "at most " if at_most else ""
@@ -216,6 +271,9 @@ def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing, *, cost: En
         ran_on = "this driver's CPU: it sees no GPU, so the cluster's GPU trials may be much faster"
     where = f" (--address {opts.address}: timed on this driver's machine)" if opts.address else ""
     kinds = f"{counted(timing.kinds, 'kind')} of trial timed, " if timing.kinds else ""
+    if timing.kept_from:
+        kinds = f"at {time.strftime('%H:%M', time.localtime(timing.kept_from))} (the same trials' timing, kept a " \
+                f"day), " + kinds
     last = f", of which its test and latency {duration(max(timing.testing_s))}" if any(timing.testing_s) else ""
     lines.append(f"plan: timed on {timing.device}, {ran_on}{where}: {kinds}the longest trial, {timing.trial}, "
                  f"{bound}{duration(max(timing.seconds))}{last}" + ("" if grid else f"; a sampled trial {bound}"
@@ -228,20 +286,23 @@ def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing, *, cost: En
         share = f"{counted(at_once, 'trial')} at once ({opts.cpus_per_trial:g} CPU per trial of {node['CPU']:g})"
     assumed = " (the cluster is not joined to plan: one node like this machine, or --max-concurrent)" \
         if opts.address else ""
-    lines.append(f"plan: {share}{assumed}: wall {bound}{duration(wall)}, {hours:.3g} {unit}")
-    earlier = f"; the {duration(before)} this process ran before the sweep began are not in it" if before else ""
+    lines.append(f"plan: {share}{assumed}: wall {bound}{duration(command)} for the command, of which the sweep "
+                 f"{bound}{duration(wall)} (what its parent run records as its own), {hours:.3g} {unit}")
+    started = f"this process's start {duration(before)} (Python, imports), " if before else ""
     if cost:
-        lines.append(f"plan: the wall is the sweep so far {duration(so_far)} (the data, this timing), "
-                     f"Ray's start {duration(ray_s)}, the trials {duration(trials_s)} (a slot's first trial process "
-                     f"{duration(cost.first_trial_s)}, then {per_trial:.2f} s of Ray's per trial) and the end "
-                     f"{duration(end_s)}; Ray's figures measured on this machine {cost.when()}{earlier}")
+        lines.append(f"plan: the command's wall is {started}the sweep so far {duration(so_far)} (the data, this "
+                     f"timing), Ray's start {duration(ray_s)}, the trials {duration(trials_s)} (a slot's first trial "
+                     f"process {duration(cost.first_trial_s)}, then {per_trial:.2f} s of Ray's per trial), the "
+                     f"sweep's end {duration(end_s)} and Ray's shutdown {duration(shutdown_s)}; Ray's figures "
+                     f"measured on this machine {cost.when()}")
     else:
         left_out = ("the cluster's start and Ray's per-trial overhead there are not in it" if opts.address else
-                    "Ray's start and per-trial overhead are not in it (not measured on this machine today: "
-                    "--plan measures them)")
-        lines.append(f"plan: the wall is the sweep so far {duration(so_far)} and the trials {duration(trials_s)}: "
-                     f"{left_out}{earlier}")
-    return SweepPlan(trials=trials, runs=runs, at_once=at_once, wall_s=wall, device_hours=hours, unit=unit,
+                    "Ray's start, per-trial overhead and shutdown are not in it (not measured on this machine "
+                    "today: --plan measures them)")
+        lines.append(f"plan: the command's wall is {started}the sweep so far {duration(so_far)} and the trials "
+                     f"{duration(trials_s)}: {left_out}")
+    return SweepPlan(trials=trials, runs=runs, at_once=at_once, wall_s=wall, command_s=command, device_hours=hours,
+                     unit=unit,
                      longest_s=max(timing.seconds), at_most=at_most, device=timing.device, lines=tuple(lines),
                      testing_s=sum(testing) / len(testing) if testing else 0.0)
 
@@ -268,7 +329,7 @@ def say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any], 
               f"its {len(values)} runs together, as one batched model", flush=True)
     if study.timer is None:
         return None
-    timing = time_trials(study, opts, shipped)
+    timing = time_trials(study, opts, shipped, fresh=measure)
     at_once, _ = trials_at_once(opts.cpus_per_trial, opts.gpus_per_trial, local_node(opts), opts.max_concurrent,
                                 grid_size(study.space) * study.num_samples)
     cost = None if opts.address else engine_cost(at_once, tune_env(), study.trainable.__module__,

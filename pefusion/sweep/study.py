@@ -40,6 +40,7 @@ class Timing:
     ends_early: str = ""  # the study's own reason a trial may train less, e.g. "GD ends a fit at a fixed point"
     testing_s: tuple[float, ...] = ()  # per point, of its seconds: its last phase after training (test, latency)
     kinds: int = 0  # the kinds of trial timed (0: not said)
+    kept_from: float = 0.0  # Unix seconds of the timing a sweep took from the cache (`time_trials`); 0: timed now
 
 
 @dataclass(frozen=True)
