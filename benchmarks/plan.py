@@ -57,7 +57,7 @@ def compare(name: str, argv: Sequence[str]) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp:
         flags = ["--storage-path", f"{tmp}/ray", "--tracking-uri", f"sqlite:///{tmp}/mlflow.db", "--out",
-                 f"{tmp}/results", "--no-dashboard"]
+                 f"{tmp}/results"]
         command = [sys.executable, *(str(REPO / argv[0]), *argv[1:]), *flags]
         plan = subprocess.run([*command, "--plan"], capture_output=True, text=True, cwd=tmp, check=True)
         estimate = planned(plan.stdout)

@@ -206,7 +206,8 @@ def test_evaluation_is_planned_on_its_own_length_sorted_batches(multiple, limit)
 
 
 def test_rays_figures_are_measured_once_a_day_and_kept(tmp_path, monkeypatch):
-    """The tiny sweep runs when nothing is kept or what is kept is older than a day, and its figures are kept."""
+    """The tiny sweep runs when nothing is kept or what is kept is older than a day, and its figures are kept,
+    one set per cluster size and kind of start (with the dashboard or not)."""
     import time
 
     from pefusion.sweep import enginecost as EC
@@ -214,25 +215,30 @@ def test_rays_figures_are_measured_once_a_day_and_kept(tmp_path, monkeypatch):
 
     runs = []
 
-    def tiny_sweep(fn, slots, env, module):
-        runs.append((slots, env))
+    def tiny_sweep(fn, slots, env, module, start_ray):
+        runs.append((slots, env, start_ray))
         assert module == "pefusion.fusion.trainable"
         return EC.EngineCost(1.0, 2.0, 0.1, 0.01, 0.5, measured_at=time.time(), shutdown_s=0.3)
 
     monkeypatch.setattr(gpus, "in_fresh_process", tiny_sweep)
     module = "pefusion.fusion.trainable"
-    assert EC.engine_cost(2, {"A": "1"}, module, cache=tmp_path, measure_now=False) is None  # a sweep never measures
+
+    def cost(slots, env=None, kind="", measure_now=True):
+        return EC.engine_cost(slots, env or {}, module, print, kind, cache=tmp_path, measure_now=measure_now)
+
+    assert cost(2, {"A": "1"}, measure_now=False) is None  # a sweep never measures
     assert runs == []
-    first = EC.engine_cost(2, {"A": "1"}, module, cache=tmp_path)
-    assert runs == [(2, {"A": "1"})] and first.ray_start_s == 1.0
-    assert EC.engine_cost(2, {}, module, cache=tmp_path) == first and len(runs) == 1  # kept
-    assert EC.engine_cost(2, {}, module, cache=tmp_path, measure_now=False) == first  # and a sweep takes them
-    EC.engine_cost(4, {}, module, cache=tmp_path)  # another cluster size: its own figures
-    assert len(runs) == 2
-    kept, = tmp_path.glob("engine_cost/*-2cpu-*.json")
-    kept.write_text(kept.read_text().replace(str(first.measured_at), str(first.measured_at - EC.MAX_AGE_S - 1)))
-    EC.engine_cost(2, {}, module, cache=tmp_path)
+    first = cost(2, {"A": "1"})
+    assert runs == [(2, {"A": "1"}, print)] and first.ray_start_s == 1.0
+    assert cost(2) == first and len(runs) == 1  # kept
+    assert cost(2, measure_now=False) == first  # and a sweep takes them
+    cost(4)  # another cluster size: its own figures
+    cost(2, kind="dashboard")  # Ray started with its dashboard: its own
     assert len(runs) == 3
+    kept, = tmp_path.glob("engine_cost/*-2cpu-pefusion*.json")
+    kept.write_text(kept.read_text().replace(str(first.measured_at), str(first.measured_at - EC.MAX_AGE_S - 1)))
+    cost(2)
+    assert len(runs) == 4
 
 
 TIMER_CALLS: list = []

@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 REPORTS = 3  # results each measuring trial reports, each with a checkpoint
 MAX_AGE_S = 24 * 3600
@@ -76,10 +76,11 @@ def _trial(config: dict) -> None:
                         checkpoint=tune.Checkpoint.from_directory(folder))
 
 
-def measure(slots: int, env: Mapping[str, str], module: str) -> EngineCost:
+def measure(slots: int, env: Mapping[str, str], module: str, start_ray: Callable[[], object]) -> EngineCost:
     """The tiny sweep (see the module docstring) on a local cluster of `slots` CPUs, `slots` trials at once, each
     importing `module`, with Tune's environment `env` as the engine sets it; run it in a fresh process
-    (`pefusion.sweep.gpus.in_fresh_process`): it starts and stops its own cluster."""
+    (`pefusion.sweep.gpus.in_fresh_process`): it starts its own cluster with `start_ray()` (as the sweep starts
+    one: its dashboard or not, MLflow's client imported meanwhile), and stops it."""
     import ray
     from ray import tune
 
@@ -91,7 +92,7 @@ def measure(slots: int, env: Mapping[str, str], module: str) -> EngineCost:
     os.dup2(devnull, 2)
     os.environ.update(env)
     start = time.time()
-    ray.init(address="local", num_cpus=slots, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    start_ray()
     started = time.time()
     try:
         with tempfile.TemporaryDirectory() as storage:
@@ -124,17 +125,19 @@ def measure(slots: int, env: Mapping[str, str], module: str) -> EngineCost:
                       end_s=ended - max(ends), measured_at=ended, shutdown_s=ended - stopping)
 
 
-def engine_cost(slots: int, env: Mapping[str, str], module: str, cache: Path | None = None,
-                measure_now: bool = True) -> EngineCost | None:
-    """This machine's figures for a local cluster of `slots` CPUs whose trials import `module`: the cached ones
-    when younger than `MAX_AGE_S`, else (with `measure_now`) measured now, a tiny sweep in a fresh process with
-    Tune's environment `env`, and cached; else None."""
+def engine_cost(slots: int, env: Mapping[str, str], module: str, start_ray: Callable[[], object], kind: str = "",
+                cache: Path | None = None, measure_now: bool = True) -> EngineCost | None:
+    """This machine's figures for a local cluster of `slots` CPUs whose trials import `module`, started by
+    `start_ray` (which must pickle), of the `kind` it names (e.g. with its dashboard): the cached ones when younger
+    than `MAX_AGE_S`, else (with `measure_now`) measured now, a tiny sweep in a fresh process with Tune's
+    environment `env`, and cached; else None."""
     import ray
 
     from pefusion import cache_home
     from pefusion.sweep.gpus import in_fresh_process
 
-    path = (cache or cache_home()) / "engine_cost" / f"{socket.gethostname()}-{slots}cpu-{module}-ray{ray.__version__}.json"
+    name = f"{socket.gethostname()}-{slots}cpu{'-' + kind if kind else ''}-{module}-ray{ray.__version__}.json"
+    path = (cache or cache_home()) / "engine_cost" / name
     try:
         kept = EngineCost(**json.loads(path.read_text()))
         if time.time() - kept.measured_at < MAX_AGE_S:
@@ -143,7 +146,7 @@ def engine_cost(slots: int, env: Mapping[str, str], module: str, cache: Path | N
         pass
     if not measure_now:
         return None
-    cost = in_fresh_process(measure, slots, dict(env), module)
+    cost = in_fresh_process(measure, slots, dict(env), module, start_ray)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(asdict(cost)))

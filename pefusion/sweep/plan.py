@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pefusion import cache_home
 from pefusion import record as R
+from pefusion.sweep.cluster import start_cluster
 from pefusion.sweep.console import counted
 from pefusion.sweep.enginecost import MAX_AGE_S, EngineCost, engine_cost, tune_env
 from pefusion.sweep.gpus import in_fresh_process, local_node
@@ -332,8 +333,12 @@ def say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any], 
     timing = time_trials(study, opts, shipped, fresh=measure)
     at_once, _ = trials_at_once(opts.cpus_per_trial, opts.gpus_per_trial, local_node(opts), opts.max_concurrent,
                                 grid_size(study.space) * study.num_samples)
+    # Ray started as the sweep will start it (its dashboard or not), on a cluster of the slots' CPUs
+    tiny = dataclasses.replace(opts, num_cpus=at_once, num_gpus=0, cpus_per_trial=1.0, gpus_per_trial=0.0,
+                               max_concurrent=0, verbose=0)
     cost = None if opts.address else engine_cost(at_once, tune_env(), study.trainable.__module__,
-                                                 measure_now=measure)
+                                                 functools.partial(start_cluster, tiny),
+                                                 "dashboard" if opts.dashboard else "", measure_now=measure)
     finished = finished_configs(path) if opts.resume and path and not is_remote(opts) else []
     so_far, age = time.monotonic() - start, process_age()
     plan = make_plan(study, opts, timing, cost=cost, so_far=so_far, before=age - so_far if age else None,
