@@ -1,20 +1,21 @@
-"""What a sweep will cost, said before Ray starts (`--plan`, and the first lines of every sweep): its trials and
-runs, the most epochs (or steps) a trial trains, and an estimate of its wall time and device-hours.
+"""What a sweep will cost, said before Ray starts (`--plan`, and the first lines of every sweep): its trials and runs,
+the most epochs (or steps) a trial trains, and an estimate of its wall time and device-hours.
 
-The study times its trials (`StudySweep.timer`: a few training steps of its largest trials on throwaway models,
-on the device the trials will use); this module turns those seconds into the sweep's: how many trials run at once
+The study times its trials (`StudySweep.timer`: a few training steps of its largest trials on throwaway models, on
+the device the trials will use); this module turns those seconds into the sweep's: how many trials run at once
 (`trials_at_once`: CPUs per trial against the node's CPUs, GPUs per trial against its GPUs, --max-concurrent) and
-the wall time of running them in Tune's order, each in the first slot to free (`makespan`). Around the trials'
-own seconds, the command's wall time counts what the process spent before the sweep (Python's start, imports),
-what the sweep has spent so far (the data, this timing), Ray's start, each slot's first trial process, the gap
-between two trials of a slot, each trial's final report, the sweep's end and Ray's shutdown as the command exits,
-as a tiny sweep measured them on this machine (`pefusion.sweep.enginecost`; not on a joined cluster, whose
-figures this machine cannot measure); the sweep's own wall, what it records, leaves out the first and the last. Trials that share a card are counted as taking turns on it, so on GPUs the
-slots are the cards in use: an upper bound, since 3 packed bf16 trials on an H200 reached 1.65x one trial's
-throughput (docs/benchmarks.md), a gain measured for that one case only. Timed in a fresh process where the trials use a
-GPU, so that the driver never holds the card; on a CPU in this process (`_in_this_process`), with the trial's thread
-count; a sweep takes the timing `--plan` (or an earlier sweep of the same trials) made within a day, kept in the
-cache folder (`time_trials`). A resumed sweep plans the trials it has left (`finished_configs`).
+the wall time of running them in Tune's order, each in the first slot to free (`makespan`). Around the trials' own
+seconds, the command's wall time counts what the process spent before the sweep (Python's start, imports), what the
+sweep has spent so far (the data; the timing where `--plan` kept none), Ray's start, each slot's first trial
+process, the gap between two trials of a slot, each trial's final report, the sweep's end and Ray's shutdown as the
+command exits, as a tiny sweep measured them on this machine (`pefusion.sweep.enginecost`; not on a joined cluster,
+whose figures this machine cannot measure); the sweep's own wall, what it records, leaves out the first and the
+last. Trials that share a card are counted as taking turns on it, so on GPUs the slots are the cards in use: an
+upper bound, since 3 packed bf16 trials on an H200 reached 1.65x one trial's throughput (docs/benchmarks.md), a gain
+measured for that one case only. Timed in a fresh process where the trials use a GPU, so that the driver never holds
+the card; on a CPU in this process (`_in_this_process`), with the trial's thread count; a sweep takes the timing
+`--plan` (or an earlier sweep of the same trials) made within a day, kept in the cache folder (`time_trials`). A
+resumed sweep plans the trials it has left (`finished_configs`).
 
 Device-hours: card-hours where the trials use GPUs (the wall time × the cards in use: what `record.CARD_HOURS`
 measures), core-hours on CPUs (Σ trial seconds × CPUs per trial: the report's CPU-hours).
@@ -291,8 +292,8 @@ def make_plan(study: StudySweep, opts: SweepOptions, timing: Timing, *, cost: En
                  f"{bound}{duration(wall)} (what its parent run records as its own), {hours:.3g} {unit}")
     started = f"this process's start {duration(before)} (Python, imports), " if before else ""
     if cost:
-        lines.append(f"plan: the command's wall is {started}the sweep so far {duration(so_far)} (the data, this "
-                     f"timing), Ray's start {duration(ray_s)}, the trials {duration(trials_s)} (a slot's first trial "
+        lines.append(f"plan: the command's wall is {started}the sweep so far {duration(so_far)} (the data; "
+                     f"the trials' timing where --plan kept none), Ray's start {duration(ray_s)}, the trials {duration(trials_s)} (a slot's first trial "
                      f"process {duration(cost.first_trial_s)}, then {per_trial:.2f} s of Ray's per trial), the "
                      f"sweep's end {duration(end_s)} and Ray's shutdown {duration(shutdown_s)}; Ray's figures "
                      f"measured on this machine {cost.when()}")
@@ -330,6 +331,7 @@ def say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any], 
               f"its {len(values)} runs together, as one batched model", flush=True)
     if study.timer is None:
         return None
+    timing_from = time.monotonic()
     timing = time_trials(study, opts, shipped, fresh=measure)
     at_once, _ = trials_at_once(opts.cpus_per_trial, opts.gpus_per_trial, local_node(opts), opts.max_concurrent,
                                 grid_size(study.space) * study.num_samples)
@@ -340,8 +342,10 @@ def say_plan(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any], 
                                                  functools.partial(start_cluster, tiny),
                                                  "dashboard" if opts.dashboard else "", measure_now=measure)
     finished = finished_configs(path) if opts.resume and path and not is_remote(opts) else []
-    so_far, age = time.monotonic() - start, process_age()
-    plan = make_plan(study, opts, timing, cost=cost, so_far=so_far, before=age - so_far if age else None,
+    now, age = time.monotonic(), process_age()
+    # `--plan`'s own timing and measuring are not the sweep's: it takes what they kept
+    so_far = (timing_from if measure else now) - start
+    plan = make_plan(study, opts, timing, cost=cost, so_far=so_far, before=age - (now - start) if age else None,
                      finished=finished)
     print("\n".join(plan.lines), flush=True)
     return plan
