@@ -26,19 +26,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
 import pandas as pd
 
 from pefusion import record as R
 from pefusion.errors import SweepInterrupted
 from pefusion.storage import path_name, redact
 from pefusion.sweep import console
+from pefusion.sweep.cluster import cluster_gpus, start_cluster
 from pefusion.sweep.console import counted
 from pefusion.sweep.options import SweepOptions
 from pefusion.sweep.outcomes import Outcomes, result_rows
 from pefusion.sweep.progress import Progress
 from pefusion.sweep.settle import SettledSweep, settle
 from pefusion.sweep.study import StudySweep, varying_keys
-from pefusion.sweep.cluster import cluster_gpus, start_cluster
 from pefusion.sweep.tuner import run_tune
 from pefusion.tracking.callbacks import MLflowRuns
 from pefusion.tracking.recorder import SweepRecorder
