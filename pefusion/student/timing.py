@@ -22,7 +22,7 @@ from pefusion.student.cv import PHASE_INITS, run_cv_point, run_phase_point
 from pefusion.sweep.study import Timing
 
 STEPS = 20  # the fit steps first timed, beyond the 2 of the fixed part's run; ×4 until they take MIN_SPAN_S
-MIN_SPAN_S = 0.25
+MIN_SPAN_S = 0.5
 
 
 def replicas(sweep: str, grid: Sequence[float], folds: int) -> int:
