@@ -344,14 +344,47 @@ def smoke_corpus(smoke_preset):
     return load_corpus(smoke_preset.data)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """A real local Ray cluster with 2 CPUs and 1 *logical* GPU (fractional-GPU scheduling on a CPU machine)."""
+# The one local cluster the in-process tests share: started by the first test that asks for `local_ray`, kept for
+# the next one (the tests that ask for it run one after another: `pytest_collection_modifyitems`), shut down before
+# any test that did not ask for it, so that such a test finds Ray as a user's process does: not running.
+_SHARED_RAY = {"up": False}
+
+
+def _start_shared_ray() -> None:
     import ray
 
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    if not _SHARED_RAY["up"]:
+        ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        _SHARED_RAY["up"] = True
+
+
+def _stop_shared_ray() -> None:
+    if _SHARED_RAY["up"]:
+        import ray
+
+        ray.shutdown()
+        _SHARED_RAY["up"] = False
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """A real local Ray cluster with 2 CPUs and 1 *logical* GPU (fractional-GPU scheduling on a CPU machine), shared
+    by the tests that ask for it (each starts in a new ray.init costing seconds on 2 cores)."""
+    import ray
+
+    _start_shared_ray()
     yield ray
-    ray.shutdown()
+    _stop_shared_ray()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # Before the test's fixtures: the shared cluster up for a test that asks for it (again, if a test between
+    # stopped it), down for one that does not.
+    if "local_ray" in item.fixturenames:
+        _start_shared_ray()
+    else:
+        _stop_shared_ray()
 
 
 @pytest.fixture
@@ -363,9 +396,11 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
 
 
 def pytest_collection_modifyitems(items):
-    # Modules that start their own Ray processes (subprocess drivers, `ray start --head`) run last, after every
-    # in-process cluster is shut down.
-    items.sort(key=lambda item: "subprocess_ray" in item.keywords)
+    # The tests on the shared in-process cluster (`local_ray`) run one after another, each module's in its order,
+    # so that the cluster starts once; modules that start their own Ray processes (subprocess drivers,
+    # `ray start --head`) run last, after it is shut down. (No module-scoped fixture serves both a test on the shared
+    # cluster and one off it, so none is set up twice.)
+    items.sort(key=lambda item: ("subprocess_ray" in item.keywords, "local_ray" in item.fixturenames))
 
 
 def pytest_configure(config):

@@ -490,7 +490,16 @@ def test_report_pefusion_sweep_logged_to_parent(store, trials, tmp_path):
     assert "results/figures/accuracy_per_fusion_ccdv-arxiv-classification.pdf" in figures
 
 
-def test_report_student_sweep(store, tmp_path, capsys):
+def test_report_student_sweep(store, tmp_path, capsys, monkeypatch):
+    """The report's plumbing of the d → ∞ theory (said as it starts, cached, beside every point, in the figures)
+    with a coarse solver: its numbers are test_student_theory's, at the default solver's minutes."""
+    import functools
+
+    import pefusion.analysis.report
+    from pefusion.student.theory import Solver
+
+    monkeypatch.setattr(pefusion.analysis.report, "build_report",
+                        functools.partial(pefusion.analysis.report.build_report, theory=Solver(nodes=5)))
     assert RU.load_sweep(store["uri"], "student-attention", latest_sweep=True).name == "phase_diagram"
     argv = ["--tracking-uri", store["uri"], "--experiment", "student-attention", "--parent-run", store["cv"],
             "--out", str(tmp_path), "--no-log"]

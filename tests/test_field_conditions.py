@@ -81,6 +81,31 @@ def _ray_configs(experiment: Path) -> dict[str, dict]:
     return configs
 
 
+def _wait_for_a_trial_mid_training(experiment: Path, driver: subprocess.Popen, timeout: float = 120) -> None:
+    """Return once a trial of the experiment has reported an epoch (so it has a checkpoint) and not its final
+    record, as Ray stored them (result.json)."""
+    deadline = time.time() + timeout
+    while True:
+        for path in experiment.glob("pefusion_trainable_*/result.json"):
+            reports = _whole_json(path.read_text().splitlines())
+            if any(R.EPOCH in r for r in reports) and not any(R.STATUS in r for r in reports):
+                return
+        assert driver.poll() is None, "the sweep ended before a next trial trained"
+        assert time.time() < deadline, "no trial mid-training in time"
+        time.sleep(0.1)
+
+
+def _whole_json(lines: list[str]) -> list[dict]:
+    """The lines that parse (the line Ray is writing may not yet)."""
+    out = []
+    for line in filter(str.strip, lines):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, cache_dir):
     """The sweep of GRIDS[variant] run to its end without interruption (and with -q), once per variant for both
@@ -129,7 +154,7 @@ def test_interrupt_then_printed_resume_equals_an_uninterrupted_sweep(tmp_path, c
         lines.append(line)
         if " 1/4 done " in line:
             break
-    time.sleep(1.5)  # the next trial is training
+    _wait_for_a_trial_mid_training(tmp_path / "ray_results" / "cut", driver)
     driver.send_signal(sig)
     out, err = driver.communicate(timeout=120)
     lines += out.splitlines(keepends=True)

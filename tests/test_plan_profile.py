@@ -13,7 +13,9 @@ from pefusion.errors import ConfigError
 
 
 def test_plan_of_agnews_with_no_data_yet_says_what_it_assumed(capsys, tmp_path):
-    assert commands.grid_main(["--preset", "agnews", "--plan", "--smoke", "--seeds", "0", "--fusions", "add",
+    # 2 trials, 2 at once: the cluster size whose engine costs an earlier plan of the session measured (one
+    # measurement per size: a tiny Ray sweep)
+    assert commands.grid_main(["--preset", "agnews", "--plan", "--smoke", "--seeds", "0", "--fusions", "add,concat",
                                "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if " on ag_news" in x)
@@ -21,7 +23,7 @@ def test_plan_of_agnews_with_no_data_yet_says_what_it_assumed(capsys, tmp_path):
     # The card's 120 000 training documents, 10 % held out by datasets' rounding (ceil), and its 7 600 test ones
     assert "108000 train / 12000 validation / 7600 test documents" in line
     assert "about 44 words" in line and "pefusion-data fetch" in line
-    assert any(x.startswith("plan: 1 trial of arxiv_grid --preset agnews") for x in out.splitlines())
+    assert any(x.startswith("plan: 2 trials of arxiv_grid --preset agnews") for x in out.splitlines())
     assert any(x.startswith("plan: timed on cpu") for x in out.splitlines())
 
 

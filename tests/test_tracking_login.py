@@ -15,6 +15,9 @@ import pytest
 from conftest import free_port, start_mlflow_server, stop_process_group
 from pefusion import record as R
 
+# Each test starts a server of its own (seconds on 2 cores): CI runs them in its second stage (.ci/run).
+pytestmark = pytest.mark.system
+
 ADMIN, PASSWORD = "admin", "a-s3cret-from-the-lab"
 NAMES = ("mlflow.lab", "other.lab")  # what the clients call 127.0.0.1 here
 # The flags of the server, as a recipe starts it (the name its clients use, with any port).
