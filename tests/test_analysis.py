@@ -495,11 +495,11 @@ def test_report_student_sweep(store, tmp_path, capsys, monkeypatch):
     with a coarse solver: its numbers are test_student_theory's, at the default solver's minutes."""
     import functools
 
-    import pefusion.analysis.report
+    import pefusion.analysis.report.page
     from pefusion.student.theory import Solver
 
-    monkeypatch.setattr(pefusion.analysis.report, "build_report",
-                        functools.partial(pefusion.analysis.report.build_report, theory=Solver(nodes=5)))
+    monkeypatch.setattr(pefusion.analysis.report.page, "build_report",
+                        functools.partial(pefusion.analysis.report.page.build_report, theory=Solver(nodes=5)))
     assert RU.load_sweep(store["uri"], "student-attention", latest_sweep=True).name == "phase_diagram"
     argv = ["--tracking-uri", store["uri"], "--experiment", "student-attention", "--parent-run", store["cv"],
             "--out", str(tmp_path), "--no-log"]
