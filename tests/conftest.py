@@ -183,6 +183,28 @@ def stop_process_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def start_ray_head(temp_dir: Path, port: int, env: dict[str, str], *flags: str) -> subprocess.Popen:
+    """`ray start --head --block` of the Python running the tests (not whichever `ray` is first on PATH) on `port`,
+    in `temp_dir` (its log `ray_start.log` there), on free ports for the rest, with `flags` added; returned once it
+    says it started. Stop it with `stop_process_tree`, never `ray stop`."""
+    beside = Path(sys.executable).with_name("ray")
+    log_path = temp_dir / "ray_start.log"
+    with log_path.open("w") as log:
+        head = subprocess.Popen(
+            [str(beside) if beside.exists() else shutil.which("ray"), "start", "--head", "--block", "--port",
+             str(port), "--num-cpus", "2", "--disable-usage-stats", "--temp-dir", str(temp_dir),
+             "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
+             "--min-worker-port", "0", "--max-worker-port", "0", *flags],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 180
+    while "Ray runtime started" not in log_path.read_text():
+        if head.poll() is not None or time.time() > deadline:
+            stop_process_tree(head)
+            pytest.fail("ray start --head did not come up: " + log_path.read_text()[-3000:])
+        time.sleep(0.5)
+    return head
+
+
 def help_text(main) -> str:
     """What `main(["--help"])` prints; it must exit 0."""
     import contextlib

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port, stop_process_group, stop_process_tree, subprocess_env
+from conftest import REPO, free_port, start_ray_head, stop_process_group, stop_process_tree, subprocess_env
 from pefusion import record as R
 
 pytestmark = [pytest.mark.system, pytest.mark.subprocess_ray]
@@ -205,11 +205,6 @@ def test_mlflow_ui_at_the_printed_link_lists_the_sweeps_runs(browser, demo, mlfl
     _screenshot(browser, "browser_mlflow_runs", tmp_path)
 
 
-def _ray_cli() -> str:
-    beside = Path(sys.executable).with_name("ray")
-    return str(beside) if beside.exists() else shutil.which("ray")
-
-
 def test_a_sweep_joins_a_running_ray_start_head_and_its_dashboard_is_still_up_after(browser, tmp_path):
     """docs/operations.md's persistent local cluster: `ray start --head` (here on free ports, in a temp dir of its
     own), a sweep with `--address auto` (RAY_ADDRESS names this head, so `auto` cannot find a user's cluster), and
@@ -217,20 +212,9 @@ def test_a_sweep_joins_a_running_ray_start_head_and_its_dashboard_is_still_up_af
     temp_dir = Path(tempfile.mkdtemp(prefix="pfdash-"))  # short: Ray's socket paths must fit in 107 bytes
     port, dashboard = free_port(), free_port()
     env = subprocess_env(RAY_AUTH_MODE="token")
-    log_path = temp_dir / "ray_start.log"
-    with log_path.open("w") as log:
-        head = subprocess.Popen(
-            [_ray_cli(), "start", "--head", "--block", "--port", str(port), "--num-cpus", "2",
-             "--include-dashboard=true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
-             "--disable-usage-stats", "--temp-dir", str(temp_dir), "--ray-client-server-port", str(free_port()),
-             "--dashboard-agent-listen-port", str(free_port()), "--min-worker-port", "0", "--max-worker-port", "0"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    head = start_ray_head(temp_dir, port, env, "--include-dashboard=true", "--dashboard-host", "127.0.0.1",
+                          "--dashboard-port", str(dashboard))
     try:
-        deadline = time.time() + 180
-        while "Ray runtime started" not in log_path.read_text():
-            assert head.poll() is None, log_path.read_text()[-3000:]
-            assert time.time() < deadline, "ray start --head did not come up: " + log_path.read_text()[-3000:]
-            time.sleep(0.5)
         db = f"sqlite:///{tmp_path / 'mlflow.db'}"
         sweep = _run(tmp_path, "sweeps/arxiv_grid.py", "--preset", "demo", "--pe-types", "sinusoidal", "--fusions",
                      "add", "--seeds", "0", "--epochs", "1", "--address", "auto", "--tracking-uri", db,

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from conftest import (REPO, S3_CREDENTIALS, free_port, start_mlflow_server, stop_process_group, stop_process_tree,
-                      subprocess_env)
+from conftest import (REPO, S3_CREDENTIALS, free_port, start_mlflow_server, start_ray_head, stop_process_group,
+                      stop_process_tree, subprocess_env)
 from pefusion import record as R
 from study_names import TIMING_COLUMNS
 
@@ -123,12 +123,6 @@ def test_sigkill_then_resume_finishes_without_rerunning_or_duplicating(tmp_path,
         assert child.data.metrics[R.VAL_ACC] == child.data.metrics[R.BEST_VAL_ACC]
 
 
-def _ray_cli() -> str:
-    """The `ray` command of the Python running the tests (not whichever `ray` is first on PATH)."""
-    beside = Path(sys.executable).with_name("ray")
-    return str(beside) if beside.exists() else shutil.which("ray")
-
-
 @pytest.fixture
 def head_node():
     """`ray start --head` as docs/operations.md's cluster section has it, kept off anything else on the machine: free
@@ -143,20 +137,8 @@ def head_node():
     temp_dir = Path(tempfile.mkdtemp(prefix="pfray-"))  # short: Ray's socket paths must fit in 107 bytes
     port = free_port()
     env = subprocess_env(RAY_AUTH_MODE="token")
-    log_path = temp_dir / "ray_start.log"
-    with log_path.open("w") as log:
-        head = subprocess.Popen(
-            [_ray_cli(), "start", "--head", "--block", "--port", str(port), "--num-cpus", "2",
-             "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", str(temp_dir),
-             "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
-             "--min-worker-port", "0", "--max-worker-port", "0"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    head = start_ray_head(temp_dir, port, env, "--include-dashboard=false")
     try:
-        deadline = time.time() + 180
-        while "Ray runtime started" not in log_path.read_text():
-            assert head.poll() is None, log_path.read_text()[-3000:]
-            assert time.time() < deadline, "ray start --head did not come up: " + log_path.read_text()[-3000:]
-            time.sleep(0.5)
         yield SimpleNamespace(env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}, temp_dir=temp_dir)
     finally:
         stop_process_tree(head)
