@@ -259,7 +259,8 @@ def test_a_sweep_takes_the_timing_its_plan_made_within_a_day_and_plan_times_agai
     import json
 
     from pefusion.sweep.options import SweepOptions
-    from pefusion.sweep.plan import MAX_AGE_S, make_plan, time_trials
+    from pefusion.sweep.enginecost import MAX_AGE_S
+    from pefusion.sweep.plan import make_plan, time_trials
 
     calls = TIMER_CALLS
     calls.clear()

@@ -138,17 +138,32 @@ def engine_cost(slots: int, env: Mapping[str, str], module: str, start_ray: Call
 
     name = f"{socket.gethostname()}-{slots}cpu{'-' + kind if kind else ''}-{module}-ray{ray.__version__}.json"
     path = (cache or cache_home()) / "engine_cost" / name
+    saved = kept(path)
     try:
-        kept = EngineCost(**json.loads(path.read_text()))
-        if time.time() - kept.measured_at < MAX_AGE_S:
-            return kept
-    except (OSError, ValueError, TypeError):
+        if saved is not None:
+            return EngineCost(**saved)
+    except TypeError:  # kept by a version with other fields
         pass
     if not measure_now:
         return None
     cost = in_fresh_process(measure, slots, dict(env), module, start_ray)
+    keep(path, asdict(cost))
+    return cost
+
+
+def kept(path: Path) -> dict | None:
+    """A measurement `keep` wrote at `path` (its `measured_at` Unix seconds) younger than `MAX_AGE_S`, or None."""
+    try:
+        saved = json.loads(path.read_text())
+        return saved if time.time() - saved["measured_at"] < MAX_AGE_S else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def keep(path: Path, measured: Mapping) -> None:
+    """`measured` (with its `measured_at`) as JSON at `path`, replaced whole: a sweep reading it meanwhile never
+    sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(cost)))
+    tmp.write_text(json.dumps(measured))
     tmp.replace(path)
-    return cost

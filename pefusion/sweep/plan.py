@@ -39,7 +39,7 @@ from pefusion import cache_home
 from pefusion import record as R
 from pefusion.sweep.cluster import start_cluster
 from pefusion.sweep.console import counted
-from pefusion.sweep.enginecost import MAX_AGE_S, EngineCost, engine_cost, tune_env
+from pefusion.sweep.enginecost import EngineCost, engine_cost, keep, kept, tune_env
 from pefusion.sweep.gpus import in_fresh_process, local_node
 from pefusion.sweep.options import SweepOptions, is_remote
 from pefusion.sweep.space import Constant, Grid, Stack, grid_size
@@ -116,22 +116,19 @@ def is_grid(study: StudySweep) -> bool:
 def time_trials(study: StudySweep, opts: SweepOptions, shipped: Mapping[str, Any], *, fresh: bool = True,
                 cache: Path | None = None) -> Timing:
     """The study's timer run on the device the trials will use: the GPU in a fresh process where they get one and
-    this machine has one, else this machine's CPU. Each timing is kept in pefusion's cache folder for `MAX_AGE_S`,
+    this machine has one, else this machine's CPU. Each timing is kept in pefusion's cache folder for a day (`enginecost.kept`),
     under what was timed (`timing_key`); with `fresh` False (a sweep, not `--plan`) a kept one is taken instead of
     timing again: the seconds a sweep would spend before Ray starts, and exactly the plan `--plan` printed."""
     timer, device, path = _timer(study, opts, shipped, cache)
-    if not fresh:
-        try:
-            kept = json.loads(path.read_text())
-            if time.time() - kept["measured_at"] < MAX_AGE_S:
-                return _timing_from_json(kept["timing"], kept["measured_at"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+    saved = None if fresh else kept(path)
+    try:
+        if saved is not None:
+            values = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["timing"].items()}
+            return Timing(**{**values, "kept_from": saved["measured_at"]})
+    except (KeyError, TypeError, AttributeError):  # kept by a version with other fields
+        pass
     timing = in_fresh_process(timer, "cuda") if device == "cuda" else _in_this_process(timer, "cpu")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"measured_at": time.time(), "timing": dataclasses.asdict(timing)}))
-    tmp.replace(path)
+    keep(path, {"measured_at": time.time(), "timing": dataclasses.asdict(timing)})
     return timing
 
 
@@ -164,11 +161,6 @@ def timing_key(timer: Any, device: str) -> str:
     code = hashlib.sha256(Path(sys.modules[func.__module__].__file__ or "").read_bytes()).hexdigest()
     what = [hashlib.sha256(pickle.dumps(timer)).hexdigest(), code, device, socket.gethostname(), torch.__version__]
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def _timing_from_json(fields: Mapping[str, Any], measured_at: float) -> Timing:
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
-    return Timing(**{**values, "kept_from": measured_at})
 
 
 def _in_this_process(timer: Callable[[str], Timing], device: str) -> Timing:
